@@ -1,0 +1,81 @@
+"""Backend selection and device-capability detection.
+
+Every op takes ``backend=`` with one of ``BACKENDS``. ``"auto"`` picks the fastest implementation
+the op has that can run on the tensors' device: a compiled kernel on a CUDA device, the torch
+reference on a CPU (unless the Triton interpreter is active, which tests turn on to run the Triton
+kernels on a CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+BACKENDS = ("auto", "cuda", "cute", "triton", "reference")
+
+# Preference order for "auto": the first one the op implements and the device can run wins.
+_AUTO_ORDER = ("cute", "cuda", "triton", "reference")
+
+
+def triton_interpreter_active() -> bool:
+    """True when Triton kernels run through its CPU interpreter (set before Triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@functools.cache
+def device_capability(index: int = 0) -> tuple[int, int] | None:
+    """(major, minor) compute capability of CUDA device ``index``, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(index)
+
+
+def backend_runs_on(backend: str, device: torch.device) -> bool:
+    """Whether ``backend`` can execute on ``device`` in this process."""
+    if backend == "reference":
+        return True
+    if backend == "triton":
+        if device.type == "cuda":
+            return _module_available("triton")
+        return device.type == "cpu" and triton_interpreter_active() and _module_available("triton")
+    if backend == "cuda":
+        return device.type == "cuda" and _module_available("cupy")
+    if backend == "cute":
+        return device.type == "cuda" and _module_available("cutlass")
+    return False
+
+
+def available_backends(device: torch.device) -> list[str]:
+    """The concrete backends (no "auto") that can run on ``device`` here."""
+    return [b for b in _AUTO_ORDER if backend_runs_on(b, device)]
+
+
+def resolve_backend(
+    op: str, requested: str, device: torch.device, implemented: tuple[str, ...]
+) -> str:
+    """Turn a user's ``backend=`` into the concrete backend to run, or raise a clear error."""
+    if requested not in BACKENDS:
+        raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {requested!r}")
+    if requested == "auto":
+        for candidate in _AUTO_ORDER:
+            if candidate in implemented and backend_runs_on(candidate, device):
+                return candidate
+        raise RuntimeError(f"{op}: no implementation among {implemented} runs on {device}")
+    if requested not in implemented:
+        raise ValueError(
+            f"{op}: backend {requested!r} is not implemented; this op has {implemented}"
+        )
+    if not backend_runs_on(requested, device):
+        raise ValueError(
+            f"{op}: backend {requested!r} cannot run on device {device} here "
+            f"(runnable: {available_backends(device)})"
+        )
+    return requested

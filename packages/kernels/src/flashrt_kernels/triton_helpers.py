@@ -1,0 +1,20 @@
+"""Small Triton device functions shared by kernels of every family."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cast_rne(x, dtype: tl.constexpr):
+    """Cast fp32 ``x`` to ``dtype`` with round-to-nearest-even.
+
+    For bfloat16 the rounding is done on the integer bits, then the (now exact) value is cast:
+    the GPU's own conversion rounds the same way, but Triton's CPU interpreter truncates, and the
+    kernels must give the same bits in both places.
+    """
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    else:
+        return x.to(dtype)
