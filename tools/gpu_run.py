@@ -2,7 +2,7 @@
 """Run the GPU tests and benchmarks on a GPU machine that has no network and no uv.
 
     python3 tools/gpu_run.py --out RESULTS_DIR [--tests tests/kernels ...] [--bench rms_norm ...]
-                             [--quick] [--examples N] [--pytest-args "..."]
+                             [--quick] [--max-examples N] [--pytest-args "..."]
 
 Puts every ``packages/*/src`` on ``PYTHONPATH`` (the machine's own torch / triton / cupy are used),
 runs the ``gpu``-marked tests with pytest (JUnit XML and the log into RESULTS_DIR), runs the named
@@ -93,7 +93,7 @@ def main() -> int:
     ap.add_argument("--tests", nargs="*", default=[], help="test paths (gpu-marked tests run)")
     ap.add_argument("--bench", nargs="*", default=[], help="benchmark names, or 'all'")
     ap.add_argument("--quick", action="store_true", help="fewer benchmark cases")
-    ap.add_argument("--examples", type=int, default=None, help="hypothesis examples per property")
+    ap.add_argument("--max-examples", type=int, default=None, help="hypothesis examples per property")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
     args = ap.parse_args()
     out = Path(args.out)
@@ -101,8 +101,8 @@ def main() -> int:
     test_summary = None
     if args.tests:
         extra = args.pytest_args.split()
-        if args.examples:
-            extra.append(f"--max-examples={args.examples}")
+        if args.max_examples:
+            extra.append(f"--max-examples={args.max_examples}")
         test_summary = run_tests(args.tests, out, extra)
     bench_summary = run_benchmarks(args.bench, out, args.quick) if args.bench else []
     print("\n== summary")
