@@ -1,0 +1,63 @@
+"""Qwen2.5-VL (the ActiveVLN policy) in plain torch over flashrt-kernels ops."""
+
+from __future__ import annotations
+
+import torch
+
+from flashrt_activevln.config import ModelConfig
+from flashrt_activevln.model.ops import Ops
+from flashrt_activevln.model.positions import mrope_positions
+from flashrt_activevln.model.text import KVPool, decoder_forward
+from flashrt_activevln.model.vision import VisionPlan, vision_forward
+
+__all__ = ["KVPool", "Ops", "Qwen25VL", "VisionPlan", "mrope_positions"]
+
+
+class Qwen25VL:
+    """Weights (HF names) + config + the op choices; stateless apart from the weights."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops | None = None):
+        self.cfg = cfg
+        self.w = weights
+        self.ops = ops or Ops()
+        self.dtype = weights["model.embed_tokens.weight"].dtype
+        self.device = weights["model.embed_tokens.weight"].device
+
+    def new_pool(self, rows: int, capacity: int) -> KVPool:
+        return KVPool(self.cfg.text, rows, capacity, self.dtype, self.device)
+
+    def vision(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        plan = VisionPlan(self.cfg.vision, grids, self.device)
+        return vision_forward(self.w, self.cfg.vision, pixel_values.to(self.device), plan, self.ops)
+
+    def embed(self, ids: torch.Tensor, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [B, Q] -> [B, Q, H]; image-token positions take ``image_embeds`` rows in order."""
+        x = self.w["model.embed_tokens.weight"][ids]
+        if image_embeds is not None:
+            mask = ids == self.cfg.image_token_id
+            x = x.masked_scatter(mask[..., None], image_embeds.to(x.dtype))
+        return x
+
+    def decode(self, embeds, positions, pool, lengths, new_visible) -> torch.Tensor:
+        return decoder_forward(
+            self.w, self.cfg.text, embeds, positions, pool, lengths, new_visible, self.ops
+        )
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(hidden, self.w["lm_head.weight"])
+
+    def full_logits(
+        self, ids: list[int], pixel_values: torch.Tensor | None, grids: list[tuple[int, int, int]]
+    ) -> torch.Tensor:
+        """Logits [len(ids), vocab] of one sequence from scratch (the oracle comparison)."""
+        emb = self.vision(pixel_values, grids) if grids else None
+        t = torch.tensor([ids], device=self.device)
+        pos, _ = mrope_positions(
+            ids, grids, self.cfg.image_token_id, self.cfg.vision.spatial_merge_size
+        )
+        n = len(ids)
+        pool = self.new_pool(1, n)
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None]
+        lengths = torch.zeros(1, dtype=torch.long, device=self.device)
+        h = self.decode(self.embed(t, emb), pos[:, None].to(self.device), pool, lengths, causal)
+        return self.logits(h[0])

@@ -1,0 +1,99 @@
+"""The model's numeric building blocks behind one small boundary, so kernels can be switched in.
+
+``reference`` ops are plain torch and follow HF transformers' order of operations (RMSNorm and the
+vision rotary embedding computed in float32, softmax in at least float32). ``Ops`` picks, per
+building block, the reference or a flashrt-kernels op; every choice states its contract:
+- ``rms_norm="kernel"``: flashrt_kernels.rms_norm (faithful, 1.5 ulp in bf16; rows independent);
+  float64 has no kernel and always takes the reference.
+- ``attention="reference"``: masked softmax attention over the live KV extent (the only one so far).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def rms_norm_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.to(torch.float32)
+    inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * (xf * inv).to(x.dtype)
+
+
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, H, Q, D], k/v [B, Hkv, K, D], visible [B, Q, K] bool (every query sees >= 1 key).
+    Values at keys no query sees are zeroed first, so a stale NaN slot cannot reach the output."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    seen = visible.any(dim=1)[:, None, :, None]
+    v = torch.where(seen, v, torch.zeros((), dtype=v.dtype))
+    k = torch.where(seen, k, torch.zeros((), dtype=k.dtype))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype(q.dtype)).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+def segment_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float
+) -> torch.Tensor:
+    """Full attention inside each segment [bounds[i], bounds[i+1]); q/k/v [H, N, D]."""
+    out = torch.empty_like(q)
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if b > a:
+            s = torch.matmul(q[:, a:b], k[:, a:b].transpose(-1, -2)) * scale
+            p = torch.softmax(s, dim=-1, dtype=softmax_dtype(q.dtype)).to(q.dtype)
+            out[:, a:b] = torch.matmul(p, v[:, a:b])
+    return out
+
+
+@dataclass(frozen=True)
+class Ops:
+    rms_norm: str = "reference"
+    attention: str = "reference"
+    vision_attention: str = "reference"
+
+    def __post_init__(self):
+        if self.rms_norm not in ("reference", "kernel"):
+            raise ValueError(f"Ops.rms_norm must be 'reference' or 'kernel', got {self.rms_norm!r}")
+        if self.attention != "reference":
+            raise ValueError(
+                f"Ops.attention: only 'reference' exists so far, got {self.attention!r}"
+            )
+        if self.vision_attention != "reference":
+            raise ValueError(
+                f"Ops.vision_attention: only 'reference' exists so far, got {self.vision_attention!r}"
+            )
+
+    def norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        if self.rms_norm == "kernel" and x.dtype in KERNEL_DTYPES:
+            import flashrt_kernels
+
+            return flashrt_kernels.rms_norm(x.contiguous(), w, eps)
+        return rms_norm_reference(x, w, eps)
+
+    def attend(self, q, k, v, visible, scale):
+        return attention_reference(q, k, v, visible, scale)
+
+    def attend_segments(self, q, k, v, bounds, scale):
+        return segment_attention_reference(q, k, v, bounds, scale)
+
+    @staticmethod
+    def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, w, b)
+
+    @staticmethod
+    def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up

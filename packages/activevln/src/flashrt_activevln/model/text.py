@@ -1,0 +1,96 @@
+"""The Qwen2.5 text decoder over a per-row KV pool.
+
+One forward runs B rows of Q new tokens each. Row b's new tokens go to KV slots
+``lengths[b] .. lengths[b] + Q - 1``; query i of row b sees every committed slot
+(``< lengths[b]``) and the new slots ``j`` with ``new_visible[b, i, j]`` (causal for a chain of
+prompt tokens, ancestors for a draft tree, only itself for padding). Slots past a row's new tokens
+are never seen, so whatever an earlier episode left there cannot reach the output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashrt_activevln.config import TextConfig
+from flashrt_activevln.model.ops import Ops
+from flashrt_activevln.model.rope import apply_text_rope, mrope_cos_sin
+
+
+class KVPool:
+    """K and V for every layer and row: [layers, rows, kv_heads, capacity, head_dim]."""
+
+    def __init__(self, cfg: TextConfig, rows: int, capacity: int, dtype, device):
+        shape = (cfg.num_layers, rows, cfg.num_kv_heads, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """slots [B, Q] absolute slot of each new token; k/v [B, Hkv, Q, D]."""
+        idx = slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, idx, k)
+        self.v[layer].scatter_(2, idx, v)
+
+    def commit(self, row: int, start: int, sources: torch.Tensor) -> None:
+        """Incremental commit: copy the accepted new slots ``sources`` (ascending, all >= start)
+        to ``start, start + 1, ...`` of one row, in every layer; nothing else is touched."""
+        n = sources.numel()
+        dst = torch.arange(start, start + n, device=sources.device)
+        if n and not torch.equal(sources, dst):
+            self.k[:, row, :, start : start + n] = self.k[:, row, :, sources]
+            self.v[:, row, :, start : start + n] = self.v[:, row, :, sources]
+
+
+def visibility(lengths: torch.Tensor, new_visible: torch.Tensor, extent: int) -> torch.Tensor:
+    """[B, Q, extent] bool: committed slots plus the allowed new ones."""
+    b, q, _ = new_visible.shape
+    slots = torch.arange(extent, device=lengths.device)
+    committed = (slots[None, :] < lengths[:, None])[:, None, :].expand(b, q, extent)
+    rel = slots[None, :] - lengths[:, None]  # [B, extent]
+    in_new = (rel >= 0) & (rel < q)
+    gathered = torch.gather(new_visible, 2, rel.clamp(0, q - 1)[:, None, :].expand(b, q, extent))
+    return committed | (gathered & in_new[:, None, :])
+
+
+def decoder_forward(
+    w: dict,
+    cfg: TextConfig,
+    embeds: torch.Tensor,
+    positions: torch.Tensor,
+    pool: KVPool,
+    lengths: torch.Tensor,
+    new_visible: torch.Tensor,
+    ops: Ops,
+) -> torch.Tensor:
+    """embeds [B, Q, H], positions [3, B, Q] -> final-normed hidden states [B, Q, H]."""
+    b, q, _ = embeds.shape
+    if b != pool.k.shape[1]:
+        raise ValueError(
+            f"decoder_forward: {b} rows of tokens for a pool of {pool.k.shape[1]} rows"
+        )
+    hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    cos, sin = mrope_cos_sin(positions, hd, cfg.rope_theta, cfg.mrope_section, embeds.dtype)
+    slots = lengths[:, None] + torch.arange(q, device=lengths.device)
+    extent = int(lengths.max()) + q  # the reference path's one host read
+    if extent > pool.capacity:
+        raise ValueError(f"decoder_forward: KV extent {extent} exceeds capacity {pool.capacity}")
+    visible = visibility(lengths, new_visible, extent)
+    x = embeds
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        h = ops.norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        qs = ops.linear(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"])
+        ks = ops.linear(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"])
+        vs = ops.linear(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"])
+        qs = apply_text_rope(qs.view(b, q, nh, hd).transpose(1, 2), cos, sin)
+        ks = apply_text_rope(ks.view(b, q, nkv, hd).transpose(1, 2), cos, sin)
+        vs = vs.view(b, q, nkv, hd).transpose(1, 2)
+        pool.write(i, slots, ks, vs)
+        a = ops.attend(qs, pool.k[i, :, :, :extent], pool.v[i, :, :, :extent], visible, hd**-0.5)
+        a = a.transpose(1, 2).reshape(b, q, nh * hd)
+        x = x + ops.linear(a, w[p + "self_attn.o_proj.weight"])
+        h = ops.norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        g = ops.linear(h, w[p + "mlp.gate_proj.weight"])
+        u = ops.linear(h, w[p + "mlp.up_proj.weight"])
+        x = x + ops.linear(ops.swiglu(g, u), w[p + "mlp.down_proj.weight"])
+    return ops.norm(x, w["model.norm.weight"], cfg.rms_norm_eps)

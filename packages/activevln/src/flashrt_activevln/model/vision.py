@@ -1,0 +1,108 @@
+"""The Qwen2.5-VL vision tower: patch embedding, 2-D RoPE, windowed and full attention blocks,
+2x2 patch merger. ``vision_forward`` takes the processor's ``pixel_values`` [N, patch_dim] and
+the per-image grids (t, h, w) and returns the merged embeddings [N / 4, out_hidden] in the
+processor's (row-major merged-unit) order."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_activevln.config import VisionConfig
+from flashrt_activevln.model.ops import Ops
+from flashrt_activevln.model.rope import apply_vision_rope, vision_cos_sin
+
+
+def patch_positions(grid: tuple[int, int, int], merge: int) -> torch.Tensor:
+    """(row, col) of every patch in the processor's order (merged units row-major, then the
+    merge x merge patches inside a unit row-major), repeated over t: [t*h*w, 2]."""
+    t, h, w = grid
+    hh = torch.arange(h).view(h // merge, merge, 1, 1).expand(-1, -1, w // merge, merge)
+    ww = torch.arange(w).view(1, 1, w // merge, merge).expand(h // merge, merge, -1, -1)
+    hh = hh.permute(0, 2, 1, 3).reshape(-1)
+    ww = ww.permute(0, 2, 1, 3).reshape(-1)
+    return torch.stack([hh, ww], dim=-1).repeat(t, 1)
+
+
+def window_order(
+    grid: tuple[int, int, int], merge: int, window_units: int
+) -> tuple[torch.Tensor, list[int]]:
+    """Merged-unit permutation that groups units by window (windows row-major, units row-major
+    inside a window; edge windows are smaller) and the window sizes in units."""
+    t, h, w = grid
+    gh, gw = h // merge, w // merge
+    order, sizes = [], []
+    for ti in range(t):
+        base = ti * gh * gw
+        for wy in range(0, gh, window_units):
+            for wx in range(0, gw, window_units):
+                ys = torch.arange(wy, min(wy + window_units, gh))
+                xs = torch.arange(wx, min(wx + window_units, gw))
+                idx = (ys[:, None] * gw + xs[None, :]).reshape(-1) + base
+                order.append(idx)
+                sizes.append(idx.numel())
+    return torch.cat(order), sizes
+
+
+class VisionPlan:
+    """Everything about a list of image grids that does not depend on pixels (cacheable)."""
+
+    def __init__(self, cfg: VisionConfig, grids: list[tuple[int, int, int]], device):
+        m, unit = cfg.spatial_merge_size, cfg.merge_unit
+        wu = cfg.window_size // m // cfg.patch_size
+        perms, win_bounds, full_bounds, pos = [], [0], [0], []
+        offset = 0
+        for g in grids:
+            n_units = g[0] * (g[1] // m) * (g[2] // m)
+            order, sizes = window_order(g, m, wu)
+            perms.append(order + offset)
+            for s in sizes:
+                win_bounds.append(win_bounds[-1] + s * unit)
+            full_bounds.append(full_bounds[-1] + n_units * unit)
+            pos.append(patch_positions(g, m))
+            offset += n_units
+        unit_perm = torch.cat(perms)
+        self.patch_perm = (unit_perm[:, None] * unit + torch.arange(unit)).reshape(-1).to(device)
+        self.unit_inverse = torch.argsort(unit_perm).to(device)
+        self.window_bounds = win_bounds
+        self.full_bounds = full_bounds
+        hw = torch.cat(pos).to(device)[self.patch_perm]
+        self.cos, self.sin = vision_cos_sin(hw, cfg.head_dim, cfg.rope_theta)
+
+
+def vision_block(x, w, p, cfg: VisionConfig, plan: VisionPlan, full: bool, ops: Ops):
+    n = x.shape[0]
+    heads = cfg.num_heads
+    h = ops.norm(x, w[p + "norm1.weight"], 1e-6)
+    qkv = ops.linear(h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"]).view(n, 3, heads, -1)
+    q, k, v = qkv.unbind(1)
+    q = apply_vision_rope(q, plan.cos, plan.sin).transpose(0, 1)
+    k = apply_vision_rope(k, plan.cos, plan.sin).transpose(0, 1)
+    v = v.transpose(0, 1)
+    bounds = plan.full_bounds if full else plan.window_bounds
+    a = ops.attend_segments(q, k, v, bounds, cfg.head_dim**-0.5)
+    a = a.transpose(0, 1).reshape(n, -1)
+    x = x + ops.linear(a, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"])
+    h = ops.norm(x, w[p + "norm2.weight"], 1e-6)
+    g = ops.linear(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.gate_proj.bias"])
+    u = ops.linear(h, w[p + "mlp.up_proj.weight"], w[p + "mlp.up_proj.bias"])
+    return x + ops.linear(
+        ops.swiglu(g, u), w[p + "mlp.down_proj.weight"], w[p + "mlp.down_proj.bias"]
+    )
+
+
+def vision_forward(
+    w: dict, cfg: VisionConfig, pixel_values: torch.Tensor, plan: VisionPlan, ops: Ops
+) -> torch.Tensor:
+    dtype = w["visual.patch_embed.proj.weight"].dtype
+    proj = w["visual.patch_embed.proj.weight"].reshape(cfg.hidden_size, -1)
+    x = ops.linear(pixel_values.to(dtype), proj)[plan.patch_perm]
+    full = set(cfg.fullatt_block_indexes)
+    for i in range(cfg.depth):
+        x = vision_block(x, w, f"visual.blocks.{i}.", cfg, plan, i in full, ops)
+    x = ops.norm(x, w["visual.merger.ln_q.weight"], 1e-6).reshape(
+        -1, cfg.hidden_size * cfg.merge_unit
+    )
+    x = F.gelu(ops.linear(x, w["visual.merger.mlp.0.weight"], w["visual.merger.mlp.0.bias"]))
+    x = ops.linear(x, w["visual.merger.mlp.2.weight"], w["visual.merger.mlp.2.bias"])
+    return x[plan.unit_inverse]

@@ -1,0 +1,89 @@
+"""The reference path against HF transformers' Qwen2_5_VLForConditionalGeneration (test oracle
+only) on a tiny random checkpoint written by our writer and read by both loaders.
+
+Bound: float64 logits agree to 1e-9 absolute (both run the same float32 RMSNorm / rotary
+arithmetic as HF defines it; only matmul order differs), and greedy tokens are identical."""
+
+import pytest
+import torch
+
+from flashrt_activevln.config import tiny
+from flashrt_activevln.model import Qwen25VL
+from flashrt_activevln.weights import load_checkpoint, write_random_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+BOUND = 1e-9
+
+
+def _sequence(cfg, grids, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids, pix = [], []
+    for t, h, w in grids:
+        ids += torch.randint(0, cfg.text.vocab_size - 8, (3,), generator=g).tolist()
+        ids += [cfg.vision_start_token_id] + [cfg.image_token_id] * (t * h * w // 4)
+        ids += [cfg.vision_end_token_id]
+        pix.append(torch.randn(t * h * w, cfg.vision.patch_dim, generator=g, dtype=torch.float64))
+    ids += torch.randint(0, cfg.text.vocab_size - 8, (5,), generator=g).tolist()
+    return ids, torch.cat(pix)
+
+
+def _hf_logits(model, cfg, ids, pix, grids):
+    t = torch.tensor([ids])
+    mm = (t == cfg.image_token_id).int()
+    out = model(
+        input_ids=t,
+        pixel_values=pix,
+        image_grid_thw=torch.tensor(grids),
+        mm_token_type_ids=mm,
+        use_cache=False,
+    )
+    return out.logits[0]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    cfg = tiny()
+    path = write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), cfg, seed=3, std=0.2)
+    hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        str(path), dtype=torch.float64, attn_implementation="sdpa"
+    ).eval()
+    cfg2, w = load_checkpoint(path, dtype=torch.float64)
+    assert cfg2 == cfg
+    return cfg, hf, Qwen25VL(cfg, w)
+
+
+@pytest.mark.parametrize(
+    "grids", [[(1, 8, 6)], [(1, 4, 4)], [(1, 10, 14), (1, 6, 8)], [(1, 12, 8)]]
+)
+def test_logits_match_hf(checkpoint, grids):
+    cfg, hf, ours = checkpoint
+    ids, pix = _sequence(cfg, grids, seed=len(grids) * 7 + grids[0][1])
+    with torch.no_grad():
+        ref = _hf_logits(hf, cfg, ids, pix, grids)
+        got = ours.full_logits(ids, pix, grids)
+    err = (got - ref).abs().max().item()
+    assert err <= BOUND, err
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_vision_matches_hf(checkpoint):
+    cfg, hf, ours = checkpoint
+    grids = [(1, 10, 14), (1, 6, 8)]
+    _, pix = _sequence(cfg, grids, seed=1)
+    with torch.no_grad():
+        ref = hf.model.visual(pix, grid_thw=torch.tensor(grids)).pooler_output
+        got = ours.vision(pix, grids)
+    assert (got - ref).abs().max().item() <= BOUND
+
+
+def test_greedy_tokens_match_hf(checkpoint):
+    cfg, hf, ours = checkpoint
+    grids = [(1, 8, 6)]
+    ids, pix = _sequence(cfg, grids, seed=5)
+    a, b = list(ids), list(ids)
+    with torch.no_grad():
+        for _ in range(6):
+            a.append(int(_hf_logits(hf, cfg, a, pix, grids)[-1].argmax()))
+            b.append(int(ours.full_logits(b, pix, grids)[-1].argmax()))
+    assert a == b
