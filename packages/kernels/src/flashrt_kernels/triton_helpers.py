@@ -18,3 +18,14 @@ def cast_rne(x, dtype: tl.constexpr):
         return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
     else:
         return x.to(dtype)
+
+
+@triton.jit
+def to_f32(x):
+    """Exact upcast to fp32. bfloat16 goes through its bits (the interpreter mis-converts bfloat16
+    subnormals; on the GPU both ways give the same value)."""
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
