@@ -1,0 +1,385 @@
+"""Indexer logits over a paged, quantized key cache, with optional hint emissions, in Triton.
+
+``I[t, j] = sum_h w[t, h] * ReLU(q[t, h] . k[j])`` for decode rows ``t = b * next_n + i``
+(``next_n`` 1..4: the tokens of a multi-token-prediction step share the row's keys, each with its
+own valid length, see ``reference.row_lengths``), over the keys of batch row ``b`` reached through
+``block_table[b]``. One program scores ``PAGES`` pages of one batch row for all its ``next_n``
+tokens: the queries of the row form one [next_n * H, D] tile, so each key page is read once.
+
+Arithmetic: fp8 keys: ``tl.dot`` on e4m3 query and key codes (tensor cores), fp32 accumulation,
+ReLU, head weights, a sum over heads in fp32, times the key's scale. MXFP4 keys are dequantized in
+registers to bf16 (exact: 2-bit mantissas times a power of two) and multiplied with the bf16 image
+of the e4m3 queries (exact). Under the CPU interpreter both run as fp32 dots of the same decoded
+values (its low-precision dots are unusable).
+
+Contract (``faithful``): with ``M`` = ``reference.logits_magnitude`` (sum over heads of |w| times
+sum over d of |q k|), ``|I - I_ref| <= RTOL[fmt] * M[t, j]`` where ``I_ref`` is the float64
+reference over the same codes: fp8 ``2**-8`` (Hopper's fp8 MMA accumulates with a reduced
+mantissa), fp4 ``2**-12`` (bf16 MMA accumulates in fp32; plus the fp32 head sum). Positions at or
+past a row's length hold ``-inf`` when ``fill_padding`` (else they are not written). Emissions
+(each a switch, each ``exact`` with respect to the logits written): per-32-position block maxima
+over valid positions (``-inf`` for an empty block); counts of valid logits >= each of three lines
+(``lines[t]`` tightest first); a candidate list of the valid logits >= the loosest line in three
+segments (segment 0: >= line 0, segment s: in [line s, line s-1)), each of capacity ``seg_cap``,
+with the claimed count per segment (a claim over ``seg_cap`` means the segment is void). Padding is
+never counted nor listed. The list's order inside a segment is unspecified; its set is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from flashrt_dsv4_indexer import reference
+from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
+from flashrt_kernels.checks import check_choice, check_int, check_out, check_tensor
+
+OP = "paged_indexer_logits"
+IMPLEMENTED = ("triton", "reference")
+RTOL = {"fp8": 2.0**-8, "fp4": 2.0**-12}
+MAX_NEXT_N = 4
+
+
+@triton.jit
+def _e4m3_to_f32(x):
+    """Exact fp32 value of uint8 e4m3 codes (integer decoding: no hardware fp8 conversion)."""
+    x = x.to(tl.uint32)
+    e = (x >> 3) & 15
+    m = x & 7
+    normal = (((x >> 7) << 31) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * 0.001953125
+    sub = tl.where((x >> 7) == 1, -sub, sub)
+    return tl.where(e == 0, sub, normal)
+
+
+@triton.jit
+def _e2m1_to_f32(nib):
+    """Exact fp32 value of 4-bit e2m1 codes (sign in bit 3)."""
+    nib = nib.to(tl.uint32)
+    e = (nib >> 1) & 3
+    mm = nib & 1
+    normal = (((e + 126) << 23) | (mm << 22)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, mm.to(tl.float32) * 0.5, normal)
+    return tl.where((nib >> 3) == 1, -v, v)
+
+
+@triton.jit
+def _paged_indexer_logits_kernel(
+    Q, W, KC, KS, BT, LENS, OUT, BMAX, LINES, CNT, LVAL, LIDX, CLAIM,
+    bt_stride, out_stride, bmax_stride, seg_cap,
+    NEXT_N: tl.constexpr, NQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, PAGES: tl.constexpr, FP4: tl.constexpr, DOT_F32: tl.constexpr,
+    FILL_PAD: tl.constexpr, EMIT_MAX: tl.constexpr, EMIT_COUNTS: tl.constexpr,
+    EMIT_LIST: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    qi = tl.arange(0, NQ)
+    q_ok = qi < NEXT_N
+    rows = b * NEXT_N + qi
+    lens = tl.load(LENS + rows, mask=q_ok, other=0)
+    max_len = tl.max(lens, 0)
+
+    m = tl.arange(0, NQ * H)
+    mq = m // H
+    qrow = b * NEXT_N + mq
+    d = tl.arange(0, D)
+    qc = tl.load(Q + (qrow * H + m % H)[:, None] * D + d[None, :], mask=(mq < NEXT_N)[:, None])
+    w = tl.load(W + qrow * H + m % H, mask=mq < NEXT_N, other=0.0)
+    if DOT_F32:
+        qd = _e4m3_to_f32(qc)
+    elif FP4:
+        qd = _e4m3_to_f32(qc).to(tl.bfloat16)
+    else:
+        qd = qc.to(tl.float8e4nv, bitcast=True)
+
+    kj = tl.arange(0, PAGE)
+    for p in tl.static_range(PAGES):
+        pos0 = (tile * PAGES + p) * PAGE
+        j = pos0 + kj
+        valid = (j[None, :] < lens[:, None]) & q_ok[:, None]
+        optr = OUT + rows[:, None] * out_stride + j[None, :]
+        if pos0 < max_len:
+            blk = tl.load(BT + b * bt_stride + tile * PAGES + p).to(tl.int64)
+            slot = blk * PAGE + kj
+            if FP4:
+                byte = tl.load(KC + slot[:, None] * (D // 2) + (d // 2)[None, :])
+                nib = (byte >> ((d % 2) * 4).to(tl.uint8)[None, :]) & 15
+                sc = tl.load(KS + slot[:, None] * (D // 32) + (d // 32)[None, :]).to(tl.uint32)
+                kf = _e2m1_to_f32(nib) * (sc << 23).to(tl.float32, bitcast=True)
+                if DOT_F32:
+                    s = tl.dot(qd, tl.trans(kf), input_precision="ieee")
+                else:
+                    s = tl.dot(qd, tl.trans(kf.to(tl.bfloat16)))
+                s = tl.maximum(s, 0.0) * w[:, None]
+                logit = tl.sum(tl.reshape(s, (NQ, H, PAGE)), axis=1)
+            else:
+                kc = tl.load(KC + slot[:, None] * D + d[None, :])
+                if DOT_F32:
+                    s = tl.dot(qd, tl.trans(_e4m3_to_f32(kc)), input_precision="ieee")
+                else:
+                    s = tl.dot(qd, tl.trans(kc.to(tl.float8e4nv, bitcast=True)))
+                s = tl.maximum(s, 0.0) * w[:, None]
+                ks = tl.load(KS + slot)
+                logit = tl.sum(tl.reshape(s, (NQ, H, PAGE)), axis=1) * ks[None, :]
+            if FILL_PAD:
+                tl.store(optr, tl.where(valid, logit, float("-inf")), mask=q_ok[:, None])
+            else:
+                tl.store(optr, logit, mask=valid)
+            if EMIT_MAX:
+                lm = tl.where(valid, logit, float("-inf"))
+                bm = tl.max(tl.reshape(lm, (NQ, PAGE // 32, 32)), axis=2)
+                g = pos0 // 32 + tl.arange(0, PAGE // 32)
+                tl.store(BMAX + rows[:, None] * bmax_stride + g[None, :], bm, mask=q_ok[:, None])
+            if EMIT_COUNTS:
+                for c in tl.static_range(3):
+                    lc = tl.load(LINES + rows * 3 + c, mask=q_ok, other=float("inf"))
+                    n = tl.sum((valid & (logit >= lc[:, None])).to(tl.int32), axis=1)
+                    tl.atomic_add(CNT + rows * 3 + c, n, mask=q_ok & (n > 0))
+            if EMIT_LIST:
+                for sg in tl.static_range(3):
+                    lo = tl.load(LINES + rows * 3 + sg, mask=q_ok, other=float("inf"))
+                    sel = valid & (logit >= lo[:, None])
+                    if sg > 0:
+                        hi = tl.load(LINES + rows * 3 + sg - 1, mask=q_ok, other=float("inf"))
+                        sel = sel & (logit < hi[:, None])
+                    si = sel.to(tl.int32)
+                    n = tl.sum(si, axis=1)
+                    base = tl.atomic_add(CLAIM + rows * 3 + sg, n, mask=q_ok & (n > 0))
+                    at = base[:, None] + tl.cumsum(si, axis=1) - 1
+                    keep = sel & (at < seg_cap)
+                    dst = rows[:, None] * (3 * seg_cap) + sg * seg_cap + at
+                    tl.store(LVAL + dst, logit, mask=keep)
+                    tl.store(LIDX + dst, (j[None, :] + 0 * at).to(tl.int32), mask=keep)
+        else:
+            if FILL_PAD:
+                tl.store(optr, tl.full((NQ, PAGE), float("-inf"), tl.float32), mask=q_ok[:, None])
+            if EMIT_MAX:
+                g = pos0 // 32 + tl.arange(0, PAGE // 32)
+                tl.store(
+                    BMAX + rows[:, None] * bmax_stride + g[None, :],
+                    tl.full((NQ, PAGE // 32), float("-inf"), tl.float32),
+                    mask=q_ok[:, None],
+                )
+
+
+@dataclass
+class Emissions:
+    """Caller-owned emission buffers (allocate once, reuse: CUDA-graph safe). Any may be None."""
+
+    block_max: torch.Tensor | None = None  # fp32 [rows, width // 32]
+    lines: torch.Tensor | None = None  # fp32 [rows, 3], tightest first (input)
+    counts: torch.Tensor | None = None  # int32 [rows, 3]
+    list_values: torch.Tensor | None = None  # fp32 [rows, 3 * seg_cap]
+    list_indices: torch.Tensor | None = None  # int32 [rows, 3 * seg_cap]
+    list_claims: torch.Tensor | None = None  # int32 [rows, 3]
+
+    @staticmethod
+    def allocate(rows: int, width: int, seg_cap: int, device, *, block_max=True, counts=True,
+                 candidate_list=True) -> Emissions:  # fmt: skip
+        e = Emissions(lines=torch.full((rows, 3), float("inf"), device=device))
+        if block_max:
+            e.block_max = torch.empty(rows, width // 32, device=device)
+        if counts:
+            e.counts = torch.zeros(rows, 3, dtype=torch.int32, device=device)
+        if candidate_list:
+            e.list_values = torch.empty(rows, 3 * seg_cap, device=device)
+            e.list_indices = torch.empty(rows, 3 * seg_cap, dtype=torch.int32, device=device)
+            e.list_claims = torch.zeros(rows, 3, dtype=torch.int32, device=device)
+        return e
+
+    @property
+    def seg_cap(self) -> int:
+        return 0 if self.list_values is None else self.list_values.shape[1] // 3
+
+    def void(self) -> torch.Tensor:
+        """bool [rows, 3]: the segment overflowed its capacity (its list entries are partial)."""
+        return self.list_claims > self.seg_cap
+
+
+def launch_config(batch: int, n_pages: int, page: int, nq: int, h: int) -> tuple[int, int]:
+    """(pages per program, num_warps): host shape ints only, so graph capture sees fixed choices."""
+    pages = max(1, 512 // page)
+    while pages > 1 and batch * triton.cdiv(n_pages, pages) < 4 * 132:
+        pages //= 2
+    return pages, 4 if nq * h <= 64 else 8
+
+
+def _validate(q_codes, weights, key_codes, key_scales, key_format, block_table, lengths, out, em):
+    check_choice(OP, "key_format", key_format, ("fp8", "fp4"))
+    check_tensor(OP, "q_codes", q_codes, dtypes=(torch.uint8,), ndim=3, contiguous=True)
+    rows, h, d = q_codes.shape
+    dev = q_codes.device
+    check_tensor(OP, "block_table", block_table, dtypes=(torch.int32,), ndim=2, device=dev)
+    if block_table.stride(1) != 1:
+        raise ValueError(f"{OP}: block_table must have unit stride in its last dimension")
+    batch = block_table.shape[0]
+    if batch == 0 or rows % batch or not 1 <= rows // batch <= MAX_NEXT_N:
+        raise ValueError(
+            f"{OP}: q_codes rows ({rows}) must be batch ({batch}) times next_n in 1..{MAX_NEXT_N}"
+        )
+    if h < 1 or h & (h - 1) or d % 32 or d < 32:
+        raise ValueError(f"{OP}: heads must be a power of two and head_dim a multiple of 32")
+    check_tensor(OP, "weights", weights, dtypes=(torch.float32,), shape=[rows, h], device=dev,
+                 contiguous=True)  # fmt: skip
+    page = key_codes.shape[1] if key_codes.dim() == 3 else 0
+    check_choice(OP, "block size", page, (32, 64, 128))
+    dk = d if key_format == "fp8" else d // 2
+    check_tensor(OP, "key_codes", key_codes, dtypes=(torch.uint8,), shape=[None, page, dk],
+                 device=dev, contiguous=True)  # fmt: skip
+    if key_format == "fp8":
+        want = dict(dtypes=(torch.float32,), shape=[key_codes.shape[0], page])
+    else:
+        want = dict(dtypes=(torch.uint8,), shape=[key_codes.shape[0], page, d // 32])
+    check_tensor(OP, "key_scales", key_scales, device=dev, contiguous=True, **want)
+    check_tensor(OP, "lengths", lengths, dtypes=(torch.int32,), shape=[rows], device=dev,
+                 contiguous=True)  # fmt: skip
+    width = block_table.shape[1] * page
+    if out is not None:
+        check_out(OP, "out", out, shape=(rows, width), dtype=torch.float32, device=dev)
+    if em is None:
+        return
+    if em.block_max is not None:
+        check_out(OP, "block_max", em.block_max, shape=(rows, width // 32), dtype=torch.float32,
+                  device=dev)  # fmt: skip
+    if em.counts is not None or em.list_values is not None:
+        check_out(OP, "lines", em.lines, shape=(rows, 3), dtype=torch.float32, device=dev)
+    if em.counts is not None:
+        check_out(OP, "counts", em.counts, shape=(rows, 3), dtype=torch.int32, device=dev)
+    if em.list_values is not None:
+        cap = em.list_values.shape[-1] // 3 if em.list_values.dim() == 2 else 0
+        check_int(OP, "list capacity per segment", cap, low=1)
+        check_out(OP, "list_values", em.list_values, shape=(rows, 3 * cap), dtype=torch.float32,
+                  device=dev)  # fmt: skip
+        check_out(OP, "list_indices", em.list_indices, shape=(rows, 3 * cap), dtype=torch.int32,
+                  device=dev)  # fmt: skip
+        check_out(OP, "list_claims", em.list_claims, shape=(rows, 3), dtype=torch.int32,
+                  device=dev)  # fmt: skip
+
+
+def _reference_into(q_codes, weights, key_codes, key_scales, key_format, block_table, lengths,
+                    out, em, fill_padding):  # fmt: skip
+    width = out.shape[1]
+    ref = reference.indexer_logits(
+        q_codes, weights, key_codes, key_scales, key_format, block_table, lengths, width
+    ).float()
+    if fill_padding:
+        out.copy_(ref)
+    else:
+        pos = torch.arange(width, device=out.device)
+        out.copy_(torch.where(pos[None, :] < lengths.long()[:, None], ref, out))
+    if em is None:
+        return
+    lines = em.lines if em.lines is not None else torch.full((out.shape[0], 3), float("inf"))
+    bm, counts, claims, members = reference.emissions(ref, lengths, lines, max(1, em.seg_cap))
+    if em.block_max is not None:
+        em.block_max.copy_(bm)
+    if em.counts is not None:
+        em.counts.copy_(counts)
+    if em.list_values is not None:
+        em.list_claims.copy_(claims)
+        cap = em.seg_cap
+        for r, segs in enumerate(members):
+            for s, idx in enumerate(segs):
+                idx = idx[:cap]
+                em.list_indices[r, s * cap : s * cap + idx.numel()] = idx.to(torch.int32)
+                em.list_values[r, s * cap : s * cap + idx.numel()] = ref[r, idx]
+
+
+def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_format, block_table,
+                              lengths, out, em=None, fill_padding=True, backend="auto") -> None:  # fmt: skip
+    """Writes ``out`` (and the emissions); inputs already validated. No allocation, no sync."""
+    which = resolve_backend(OP, backend, q_codes.device, IMPLEMENTED)
+    if em is not None:
+        for t in (em.counts, em.list_claims):
+            if t is not None:
+                t.zero_()
+    if which == "reference":
+        _reference_into(q_codes, weights, key_codes, key_scales, key_format, block_table,
+                        lengths, out, em, fill_padding)  # fmt: skip
+        return
+    rows, h, d = q_codes.shape
+    batch, n_pages = block_table.shape
+    next_n = rows // batch
+    nq = triton.next_power_of_2(next_n)
+    page = key_codes.shape[1]
+    pages, warps = launch_config(batch, n_pages, page, nq, h)
+    em = em or Emissions()
+    dummy_f, dummy_i = out, lengths
+    cap = em.seg_cap
+    grid = (batch, triton.cdiv(n_pages, pages))
+    _paged_indexer_logits_kernel[grid](
+        q_codes, weights, key_codes, key_scales, block_table, lengths, out,
+        em.block_max if em.block_max is not None else dummy_f,
+        em.lines if em.lines is not None else dummy_f,
+        em.counts if em.counts is not None else dummy_i,
+        em.list_values if em.list_values is not None else dummy_f,
+        em.list_indices if em.list_indices is not None else dummy_i,
+        em.list_claims if em.list_claims is not None else dummy_i,
+        block_table.stride(0), out.stride(0),
+        em.block_max.stride(0) if em.block_max is not None else 0, cap,
+        NEXT_N=next_n, NQ=nq, H=h, D=d, PAGE=page, PAGES=pages, FP4=key_format == "fp4",
+        DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
+        EMIT_MAX=em.block_max is not None, EMIT_COUNTS=em.counts is not None,
+        EMIT_LIST=em.list_values is not None, num_warps=warps,
+    )  # fmt: skip
+
+
+def paged_indexer_logits(
+    q_codes: torch.Tensor,
+    weights: torch.Tensor,
+    key_codes: torch.Tensor,
+    key_scales: torch.Tensor,
+    block_table: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    key_format: str = "fp8",
+    out: torch.Tensor | None = None,
+    emissions: Emissions | None = None,
+    fill_padding: bool = True,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """fp32 logits [B * next_n, pages * block_size] (see the module docstring for the contract).
+
+    ``q_codes`` uint8 e4m3 [B * next_n, H, D]; ``weights`` fp32 [B * next_n, H] (query scales
+    folded in); ``key_codes`` / ``key_scales`` the cache (``key_cache``); ``block_table`` int32
+    [B, pages]; ``lengths`` int32 [B * next_n]. With ``out`` (and preallocated emissions) nothing
+    is allocated: CUDA-graph safe.
+    """
+    _validate(q_codes, weights, key_codes, key_scales, key_format, block_table, lengths, out,
+              emissions)  # fmt: skip
+    if out is None:
+        width = block_table.shape[1] * key_codes.shape[1]
+        out = torch.empty(q_codes.shape[0], width, dtype=torch.float32, device=q_codes.device)
+    paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_format, block_table,
+                              lengths, out, emissions, fill_padding, backend)  # fmt: skip
+    return out
+
+
+@torch.library.custom_op("flashrt::paged_indexer_logits", mutates_args=())
+def _paged_indexer_logits_op(
+    q_codes: torch.Tensor, weights: torch.Tensor, key_codes: torch.Tensor,
+    key_scales: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
+    key_format: str, backend: str,
+) -> torch.Tensor:  # fmt: skip
+    return paged_indexer_logits(q_codes, weights, key_codes, key_scales, block_table, lengths,
+                                key_format=key_format, backend=backend)  # fmt: skip
+
+
+@_paged_indexer_logits_op.register_fake
+def _(q_codes, weights, key_codes, key_scales, block_table, lengths, key_format, backend):
+    width = block_table.shape[1] * key_codes.shape[1]
+    return q_codes.new_empty((q_codes.shape[0], width), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashrt::paged_indexer_logits_out", mutates_args=("out",))
+def _paged_indexer_logits_out_op(
+    q_codes: torch.Tensor, weights: torch.Tensor, key_codes: torch.Tensor,
+    key_scales: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
+    key_format: str, out: torch.Tensor, backend: str,
+) -> None:  # fmt: skip
+    paged_indexer_logits(q_codes, weights, key_codes, key_scales, block_table, lengths,
+                         key_format=key_format, out=out, backend=backend)  # fmt: skip
