@@ -93,7 +93,9 @@ def main() -> int:
     ap.add_argument("--tests", nargs="*", default=[], help="test paths (gpu-marked tests run)")
     ap.add_argument("--bench", nargs="*", default=[], help="benchmark names, or 'all'")
     ap.add_argument("--quick", action="store_true", help="fewer benchmark cases")
-    ap.add_argument("--max-examples", type=int, default=None, help="hypothesis examples per property")
+    ap.add_argument(
+        "--max-examples", type=int, default=None, help="hypothesis examples per property"
+    )
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
     args = ap.parse_args()
     out = Path(args.out)

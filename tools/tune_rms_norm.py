@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = sorted(str(p) for p in (ROOT / "packages").glob("*/src"))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 from flashrt_kernels.benchmarking import rotation, time_graph_us  # noqa: E402
 from flashrt_kernels.norm.rms_norm import _launch_triton, launch_config  # noqa: E402
@@ -28,13 +27,14 @@ def main() -> None:
     args = ap.parse_args()
     results = []
     for cols in (1152, 1280, 2048, 4096):
-        block = triton.next_power_of_2(cols)
+        block_a, block_b, _, _ = launch_config(cols)
+        width = block_a + block_b
         totals = {}
         for rows_per in (1, 2, 4, 8):
             for warps in (2, 4, 8, 16):
-                if block * rows_per // (32 * warps) < 1:
+                if width * rows_per // (32 * warps) < 1:
                     continue
-                cfg = (block, rows_per, warps)
+                cfg = (rows_per, warps)
                 total = 0.0
                 for residual in (False, True):
                     for rows in (1024, 4096, 16384):
@@ -75,7 +75,7 @@ def main() -> None:
                 totals[cfg] = total
         best = min(totals, key=totals.get)
         print(
-            f"cols {cols}: best {best} total {totals[best]:.1f} us; current {launch_config(cols)} total {totals.get(launch_config(cols), float('nan')):.1f} us"
+            f"cols {cols}: best {best} total {totals[best]:.1f} us; current {launch_config(cols)[2:]} total {totals.get(launch_config(cols)[2:], float('nan')):.1f} us"
         )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "tune_rms_norm.json").write_text(json.dumps(results, indent=1))

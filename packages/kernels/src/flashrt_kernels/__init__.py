@@ -2,11 +2,35 @@
 
 Every op is a plain function on torch tensors with ``out=`` buffers and a ``backend=`` argument,
 also registered as a ``torch.library`` custom op under the ``flashrt`` namespace.
+
+Ops are imported lazily on first use: Triton decides at a kernel's definition whether it runs
+compiled or through its CPU interpreter, so importing this package must not define kernels before
+the caller (a test configuration, the ``flashrt`` command) has made that choice.
 """
 
+from __future__ import annotations
+
+import importlib
+
 from flashrt_kernels.backends import BACKENDS, available_backends, device_capability
-from flashrt_kernels.norm import rms_norm
 
 __version__ = "0.1.0"
 
-__all__ = ["BACKENDS", "__version__", "available_backends", "device_capability", "rms_norm"]
+# public name -> module that defines it
+_OPS = {
+    "rms_norm": "flashrt_kernels.norm",
+}
+
+__all__ = ["BACKENDS", "__version__", "available_backends", "device_capability", *_OPS]
+
+
+def __getattr__(name: str):
+    if name in _OPS:
+        value = getattr(importlib.import_module(_OPS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'flashrt_kernels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

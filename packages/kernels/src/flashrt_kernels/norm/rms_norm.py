@@ -29,58 +29,99 @@ IMPLEMENTED = ("triton", "reference")
 
 
 @triton.jit
+def _load_segment(X, R, RO, rows, row_ok, cols, col_ok, stride_x, stride_r, stride_ro,
+                  HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """One column segment of ROWS rows: x (+ residual, written back), as fp32."""
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        x = cast_rne(to_f32(x) + to_f32(r), x.dtype)
+        tl.store(RO + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
+    return to_f32(x)
+
+
+@triton.jit
+def _store_segment(Y, W, xf, inv, rows, row_ok, cols, col_ok, stride_y):
+    """normalized = round(x * inv) to the dtype; y = round(normalized * w)."""
+    normed = cast_rne(xf * inv[:, None], W.dtype.element_ty)
+    w = tl.load(W + cols, mask=col_ok, other=0.0)
+    y = to_f32(normed) * to_f32(w)[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(
+        Y + rows[:, None] * stride_y + cols[None, :], cast_rne(y, Y.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit
 def _rms_norm_kernel(
     X, W, R, Y, RO,
     n_rows, n_cols,
     stride_x, stride_r, stride_y, stride_ro,
     eps,
     HAS_RESIDUAL: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     ROWS: tl.constexpr,
 ):  # fmt: skip
+    """A row is two power-of-two column segments, [0, BLOCK_A) always full and
+    [BLOCK_A, BLOCK_A + BLOCK_B) masked to n_cols (BLOCK_B may be 0): widths such as 1152 or 1280
+    then waste no lanes."""
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < n_cols
-    mask = (rows < n_rows)[:, None] & col_ok[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-        x = cast_rne(to_f32(x) + to_f32(r), x.dtype)
-        tl.store(RO + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
-    xf = to_f32(x)
-    mean_sq = tl.sum(xf * xf, axis=1) / n_cols
-    inv = 1.0 / tl.sqrt(mean_sq + eps)
-    normed = cast_rne(xf * inv[:, None], x.dtype)
-    w = tl.load(W + cols, mask=col_ok, other=0.0)
-    y = to_f32(normed) * to_f32(w)[None, :]
-    tl.store(
-        Y + rows[:, None] * stride_y + cols[None, :], cast_rne(y, Y.dtype.element_ty), mask=mask
+    row_ok = rows < n_rows
+    cols_a = tl.arange(0, BLOCK_A)
+    ok_a = cols_a < BLOCK_A
+    xa = _load_segment(
+        X, R, RO, rows, row_ok, cols_a, ok_a, stride_x, stride_r, stride_ro, HAS_RESIDUAL
     )
+    sum_sq = tl.sum(xa * xa, axis=1)
+    if BLOCK_B > 0:
+        cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+        ok_b = cols_b < n_cols
+        xb = _load_segment(
+            X, R, RO, rows, row_ok, cols_b, ok_b, stride_x, stride_r, stride_ro, HAS_RESIDUAL
+        )
+        sum_sq += tl.sum(xb * xb, axis=1)
+    inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
+    _store_segment(Y, W, xa, inv, rows, row_ok, cols_a, ok_a, stride_y)
+    if BLOCK_B > 0:
+        _store_segment(Y, W, xb, inv, rows, row_ok, cols_b, ok_b, stride_y)
 
 
-def launch_config(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_N, ROWS, num_warps): a function of the row width only, so a row's reduction order
-    never depends on how many rows there are."""
-    block_n = triton.next_power_of_2(n_cols)
-    rows = max(1, min(16, 4096 // block_n))
-    elems = block_n * rows
+def column_split(n_cols: int) -> tuple[int, int]:
+    """(BLOCK_A, BLOCK_B): the largest power of two <= n_cols, and the remainder's block."""
+    block_a = 1 << (n_cols.bit_length() - 1)
+    rest = n_cols - block_a
+    return block_a, (triton.next_power_of_2(rest) if rest else 0)
+
+
+def launch_config(n_cols: int) -> tuple[int, int, int, int]:
+    """(BLOCK_A, BLOCK_B, ROWS, num_warps): a function of the row width only, so a row's
+    reduction order never depends on how many rows there are."""
+    block_a, block_b = column_split(n_cols)
+    width = block_a + block_b
+    per_program = max(1, min(16, 4096 // width))
+    rows = 1 << (per_program.bit_length() - 1)  # a power of two
+    elems = width * rows
     num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
-    return block_n, rows, num_warps
+    return block_a, block_b, rows, num_warps
 
 
 def _launch_triton(x2, weight, eps, r2, y2, ro2, config=None) -> None:
-    """``config`` overrides ``launch_config`` (used by the tuning script only)."""
+    """``config`` = (ROWS, num_warps) overrides ``launch_config``'s (used by the tuning script)."""
     n_rows, n_cols = x2.shape
     if n_rows == 0:
         return
-    block_n, rows, num_warps = config or launch_config(n_cols)
+    block_a, block_b, rows, num_warps = launch_config(n_cols)
+    if config is not None:
+        rows, num_warps = config
     has_res = r2 is not None
     _rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x2, weight, r2 if has_res else x2, y2, ro2 if has_res else y2,
         n_rows, n_cols,
         x2.stride(0), r2.stride(0) if has_res else 0, y2.stride(0), ro2.stride(0) if has_res else 0,
         eps,
-        HAS_RESIDUAL=has_res, BLOCK_N=block_n, ROWS=rows, num_warps=num_warps,
+        HAS_RESIDUAL=has_res, BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=num_warps,
     )  # fmt: skip
 
 
