@@ -21,7 +21,9 @@ def demo(progress: bool = True) -> list[dict]:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("alpamayo", help="Alpamayo 1.5 engine")
     sub = parser.add_subparsers(dest="alpamayo_command", required=True)
-    sub.add_parser("demo", help="run the built-in demo").set_defaults(func=lambda args: _print_demo())
+    sub.add_parser("demo", help="run the built-in demo").set_defaults(
+        func=lambda args: _print_demo()
+    )
 
 
 def _print_demo() -> int:
