@@ -30,19 +30,19 @@ MX_GROUP = 32
 
 
 @functools.cache
-def _hadamard_cpu(d: int) -> torch.Tensor:
+def _hadamard(d: int, device: str) -> torch.Tensor:
     if d < 1 or d & (d - 1):
         raise ValueError(f"hadamard: dimension must be a power of two, got {d}")
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < d:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / math.sqrt(d)
+    return (h / math.sqrt(d)).to(device)
 
 
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
     """``x @ H / sqrt(D)`` over the last dimension (orthonormal: q . k is unchanged when both are
     rotated; the rotation spreads outliers before quantization). Computed in float64."""
-    h = _hadamard_cpu(x.shape[-1]).to(x.device)
+    h = _hadamard(x.shape[-1], str(x.device))
     return (x.double() @ h).to(x.dtype)
 
 

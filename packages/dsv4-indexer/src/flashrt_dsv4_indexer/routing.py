@@ -1,0 +1,60 @@
+"""Routing: which top-K tier a decode step uses, from the rows' live lengths and the batch.
+
+The plan looks at the live compressed lengths of the rows in the step (never the engine's maximum
+length: a short row in a long-context engine must not pay for machinery that only helps long rows)
+and at the batch size:
+- ``none`` (hint-free exact top-K) when the longest live row is short (below ``min_assist_n``) or
+  no row has usable closed-loop state;
+- ``list`` (candidate-list emission) for long rows at small batch (``n >= list_min_n`` and
+  ``batch <= list_max_batch``): the list lets the top-K rank a small set;
+- ``counts`` (seed-count emission) where ``batch * n`` is large;
+- ``rungs`` (previous-step indices only, no emission) otherwise.
+The CUDA-graph path fixes one plan per (batch, length bucket): ``bucket_length`` rounds the live
+maximum up to a power of two, and the plan is computed from the bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    min_assist_n: int = 2048
+    list_min_n: int = 65536
+    list_max_batch: int = 4
+    counts_min_work: int = 1 << 22  # batch * n
+
+
+DEFAULT_POLICY = RoutingPolicy()
+
+
+def plan_tier(
+    live_n: Sequence[int], *, warm_rows: int | None = None, policy: RoutingPolicy = DEFAULT_POLICY
+) -> str:
+    """The tier for one step whose rows have ``live_n`` compressed lengths (host ints)."""
+    batch = len(live_n)
+    if batch == 0:
+        return "none"
+    n = max(live_n)
+    if n < policy.min_assist_n or warm_rows == 0:
+        return "none"
+    if n >= policy.list_min_n and batch <= policy.list_max_batch:
+        return "list"
+    if batch * n >= policy.counts_min_work:
+        return "counts"
+    return "rungs"
+
+
+def bucket_length(n: int, floor: int = 256) -> int:
+    """The power-of-two length bucket a graph is captured for."""
+    b = floor
+    while b < n:
+        b *= 2
+    return b
+
+
+def plan_bucket(batch: int, n_bucket: int, policy: RoutingPolicy = DEFAULT_POLICY) -> str:
+    """The fixed tier of a captured graph for ``batch`` rows of at most ``n_bucket`` keys."""
+    return plan_tier([n_bucket] * batch, policy=policy)
