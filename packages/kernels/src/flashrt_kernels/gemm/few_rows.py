@@ -1,0 +1,212 @@
+"""Batch-invariant few-row linears (M = 1..64): bf16 weights, W8A16 (int8 / fp8 weights with per-row
+scales), gate|up with the SwiGLU epilogue, q|k|v in one launch.
+
+``y[m, n] = round(scale[n] * sum_k x[m, k] * w[n, k])`` (scale 1 for bf16 weights), fp32
+accumulation.
+
+Contracts:
+- batch invariance (``exact``): rows are tiled by a fixed 16 and K is walked in one fixed order
+  (tiles of ``BLOCK_K`` in sequence, then, for a K-dependent split, the partial sums added in split
+  order); nothing depends on M, so row r is bit-identical for every M; the launch shape depends on K
+  alone, so columns are bit-identical for every N (q|k|v fused == separate, gate|up fused ==
+  separate projections followed by ``quant.silu_mul``);
+- against ``reference.linear`` (float64 products): ``faithful``, |y - y_ref| <= 2**-8 |y_ref| +
+  K * 2**-22 * sum_k |x_k w_k scale| (fp32 accumulation in another order plus the output rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
+from flashrt_kernels.checks import check_tensor
+from flashrt_kernels.gemm import reference
+from flashrt_kernels.quant.device import swiglu
+from flashrt_kernels.triton_helpers import cast_rne
+
+BLOCK_M = 16
+WEIGHT_DTYPES = (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
+IMPLEMENTED = ("triton", "reference")
+
+
+def launch_config(k: int) -> dict:
+    """Tile and split choice: a function of K only (never of M or N)."""
+    split = 4 if k >= 8192 else 1
+    return {"BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": split, "num_warps": 4, "num_stages": 4}
+
+
+@triton.jit
+def _dot_columns(X, W, rows, cols, m, n_rows_w, k0, k_len, stride_x, stride_w,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < m
+    col_ok = cols < n_rows_w
+    for kk in range(0, k_len, BLOCK_K):
+        k = k0 + kk + ks
+        k_ok = (kk + ks) < k_len
+        a = tl.load(X + rows[:, None] * stride_x + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0)  # fmt: skip
+        b = tl.load(W + cols[:, None] * stride_w + k[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                    other=0.0)  # fmt: skip
+        if UPCAST:
+            acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(b.to(tl.bfloat16)), acc)
+    return acc
+
+
+@triton.jit
+def _few_rows_kernel(
+    X, W, WS, Y, P, m, n_out, k, stride_x, stride_w, stride_y,
+    HAS_SCALE: tl.constexpr, GATE_UP: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_m * 16 + tl.arange(0, 16)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_len = tl.cdiv(tl.cdiv(k, SPLIT_K), BLOCK_K) * BLOCK_K
+    k0 = pid_s * k_len
+    k_len = tl.minimum(k_len, k - k0)
+    n_w = 2 * n_out if GATE_UP else n_out
+    acc = _dot_columns(X, W, rows, cols, m, n_out, k0, k_len, stride_x, stride_w,
+                       BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
+    acc_up = acc
+    if GATE_UP:
+        acc_up = _dot_columns(X, W + n_out * stride_w, rows, cols, m, n_out, k0, k_len,
+                              stride_x, stride_w, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
+    mask = (rows < m)[:, None] & (cols < n_out)[None, :]
+    if SPLIT_K > 1:
+        # fp32 partials [split, (gate|up,) m, n_w]; the reduce kernel adds them in split order
+        base = P + pid_s * m * n_w + rows[:, None] * n_w + cols[None, :]
+        tl.store(base, acc, mask=mask)
+        if GATE_UP:
+            tl.store(base + n_out, acc_up, mask=mask)
+    else:
+        _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y,
+                  HAS_SCALE, GATE_UP)  # fmt: skip
+
+
+@triton.jit
+def _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y,
+              HAS_SCALE: tl.constexpr, GATE_UP: tl.constexpr):  # fmt: skip
+    col_ok = cols < n_out
+    if HAS_SCALE:
+        acc = acc * tl.load(WS + cols, mask=col_ok, other=0.0)[None, :]
+        if GATE_UP:
+            acc_up = acc_up * tl.load(WS + n_out + cols, mask=col_ok, other=0.0)[None, :]
+    y = cast_rne(acc, tl.bfloat16)
+    if GATE_UP:
+        up = cast_rne(acc_up, tl.bfloat16)
+        y = cast_rne(swiglu(y.to(tl.float32), up.to(tl.float32)), tl.bfloat16)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _split_reduce_kernel(P, WS, Y, m, n_out, stride_y, HAS_SCALE: tl.constexpr,
+                         GATE_UP: tl.constexpr, SPLIT_K: tl.constexpr,
+                         BLOCK_N: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * 16 + tl.arange(0, 16)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < m)[:, None] & (cols < n_out)[None, :]
+    n_w = 2 * n_out if GATE_UP else n_out
+    base = P + rows[:, None] * n_w + cols[None, :]
+    acc = tl.load(base, mask=mask, other=0.0)
+    acc_up = acc
+    if GATE_UP:
+        acc_up = tl.load(base + n_out, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(base + s * m * n_w, mask=mask, other=0.0)
+        if GATE_UP:
+            acc_up += tl.load(base + s * m * n_w + n_out, mask=mask, other=0.0)
+    _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y, HAS_SCALE, GATE_UP)
+
+
+def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
+    m, k = x.shape
+    if m == 0 or n_out == 0:
+        return
+    cfg = dict(config or launch_config(k))
+    split, bn = cfg.pop("SPLIT_K"), cfg["BLOCK_N"]
+    stages = cfg.pop("num_stages")
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n_out, bn), split)
+    n_w = 2 * n_out if gate_up else n_out
+    part = torch.empty(split, m, n_w, dtype=torch.float32, device=x.device) if split > 1 else y
+    has_scale = w_scale is not None
+    ws = w_scale if has_scale else y
+    kernel_kwargs = {"num_stages": stages, "enable_fp_fusion": False}
+    _few_rows_kernel[grid](
+        x, w, ws, y, part, m, n_out, k, x.stride(0), w.stride(0), y.stride(0),
+        HAS_SCALE=has_scale, GATE_UP=gate_up, SPLIT_K=split,
+        UPCAST=triton_interpreter_active() or x.device.type == "cpu", **cfg, **kernel_kwargs,
+    )  # fmt: skip
+    if split > 1:
+        _split_reduce_kernel[grid[:2]](
+            part, ws, y, m, n_out, y.stride(0), HAS_SCALE=has_scale, GATE_UP=gate_up,
+            SPLIT_K=split, BLOCK_N=bn, num_warps=4, enable_fp_fusion=False,
+        )  # fmt: skip
+
+
+def _validate(op, x, w, w_scale, out, n_out):
+    check_tensor(op, "x", x, dtypes=(torch.bfloat16,), ndim=2, last_dim_contiguous=True)
+    check_tensor(op, "weight", w, dtypes=WEIGHT_DTYPES, ndim=2, device=x.device,
+                 last_dim_contiguous=True)  # fmt: skip
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"{op}: weight must be [N, {x.shape[1]}] (K of x), got {list(w.shape)}")
+    if w.dtype != torch.bfloat16:
+        if w_scale is None:
+            raise ValueError(f"{op}: {w.dtype} weights need w_scale (fp32 [N])")
+        check_tensor(op, "w_scale", w_scale, dtypes=(torch.float32,), shape=[w.shape[0]],
+                     device=x.device, contiguous=True)  # fmt: skip
+    elif w_scale is not None:
+        raise ValueError(f"{op}: w_scale is only for int8 / fp8 weights")
+    if out is not None:
+        check_tensor(op, "out", out, dtypes=(torch.bfloat16,), shape=[x.shape[0], n_out],
+                     device=x.device, last_dim_contiguous=True)  # fmt: skip
+
+
+def linear(x, weight, w_scale=None, *, out=None, backend: str = "auto", config=None):
+    """Batch-invariant ``x @ weight.T`` (times ``w_scale`` per output column for int8 / fp8
+    weights): x bf16 [M, K], weight [N, K] -> bf16 [M, N]. ``out`` may be a column slice of a
+    wider buffer (unit column stride)."""
+    op = "few_rows_linear"
+    n = weight.shape[0] if isinstance(weight, torch.Tensor) else 0
+    _validate(op, x, weight, w_scale, out, n)
+    if out is None:
+        out = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+    if resolve_backend(op, backend, x.device, IMPLEMENTED) == "reference":
+        out.copy_(reference.linear(x, weight, w_scale))
+    else:
+        _launch(x, weight, w_scale, out, n, False, config)
+    return out
+
+
+def linear_qkv(x, w_qkv, sizes, w_scale=None, *, out=None, backend: str = "auto"):
+    """q|k|v in one launch over the row-concatenated weight; returns views (q, k, v) of one
+    [M, sum(sizes)] output, bit-equal to three separate ``linear`` calls."""
+    if sum(sizes) != w_qkv.shape[0]:
+        raise ValueError(f"linear_qkv: sizes {sizes} must add up to the weight's {w_qkv.shape[0]}")
+    y = linear(x, w_qkv, w_scale, out=out, backend=backend)
+    return tuple(y.split(list(sizes), dim=1))
+
+
+def linear_gate_up_swiglu(x, w_gate_up, w_scale=None, *, out=None, backend: str = "auto",
+                          config=None):  # fmt: skip
+    """``silu_mul`` of the gate|up projection in one launch: weight [2I, K] (gate rows then up
+    rows) -> bf16 [M, I]; bit-equal to two ``linear`` calls followed by ``quant.silu_mul``."""
+    op = "few_rows_gate_up_swiglu"
+    two_i = w_gate_up.shape[0] if isinstance(w_gate_up, torch.Tensor) else 0
+    if two_i % 2:
+        raise ValueError(f"{op}: weight must have an even number of rows (gate | up)")
+    _validate(op, x, w_gate_up, w_scale, out, two_i // 2)
+    if out is None:
+        out = torch.empty(x.shape[0], two_i // 2, dtype=torch.bfloat16, device=x.device)
+    if resolve_backend(op, backend, x.device, IMPLEMENTED) == "reference":
+        from flashrt_kernels.quant.reference import silu_mul
+
+        out.copy_(silu_mul(reference.linear(x, w_gate_up, w_scale)))
+    else:
+        _launch(x, w_gate_up, w_scale, out, two_i // 2, True, config)
+    return out

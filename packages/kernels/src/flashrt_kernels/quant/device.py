@@ -1,0 +1,99 @@
+"""Triton device functions shared by the quantizers and the GEMM epilogues.
+
+Kernels that use ``rne_small`` must be launched with ``enable_fp_fusion=False``: the rounding adds
+and subtracts 1.5 * 2**23, and a fused multiply-add would round the product only once.
+"""
+
+import triton
+import triton.language as tl
+
+# Smallest row absmax the row quantizers divide by: keeps 127 / absmax and 448 / absmax finite.
+AMAX_FLOOR = 2.0**-100
+RNE_MAGIC = 12582912.0  # 1.5 * 2**23: adding it rounds |v| < 2**22 to an integer (RNE)
+
+
+@triton.jit
+def rne_small(v):
+    """Round fp32 ``v`` (|v| < 2**22) to the nearest integer, ties to even (as torch.round)."""
+    return (v + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def fp32_to_e4m3_bits(v):
+    """Bits (uint8) of float8_e4m3fn nearest to fp32 ``v`` (|v| <= 448), ties to even.
+
+    Integer arithmetic only, so the interpreter and the GPU agree (the interpreter's own fp8
+    conversion does not round to nearest even).
+    """
+    bits = v.to(tl.uint32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag_bits = bits & 0x7FFFFFFF
+    mag = mag_bits.to(tl.float32, bitcast=True)
+    # normal e4m3 range: round the fp32 mantissa to 3 bits on the integer bits
+    r = (mag_bits + (((mag_bits >> 20) & 1) + 0x7FFFF)) & 0xFFF00000
+    exp8 = ((r >> 23) & 0xFF).to(tl.int32) - 120
+    normal = ((exp8 << 3) | ((r >> 20) & 7).to(tl.int32)).to(tl.uint32)
+    # subnormal range (below 2**-6): multiples of 2**-9, the integer count is the code
+    sub = rne_small(mag * 512.0).to(tl.uint32)
+    code = tl.where(mag < 0.015625, sub, normal)
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def e2m1_code(a):
+    """E2M1 magnitude code (0..7) of |x| = ``a`` (already scaled), round to nearest, ties to even:
+    values 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
+    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+    c += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+    c += (a > 5.0).to(tl.int32)
+    return c
+
+
+@triton.jit
+def swiglu(gate, up):
+    """SiLU(gate) * up in fp32 from fp32 operands (already rounded to the activation dtype)."""
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def rne_bits(v):
+    """Round fp32 ``v`` (|v| < 2**23) to the nearest integer, ties to even, on the integer bits.
+
+    Safe whatever the kernel's fp-fusion setting: ``v`` is only reinterpreted, never added to,
+    so a product feeding it is rounded once as in torch. Returns int32.
+    """
+    bits = v.to(tl.uint32, bitcast=True)
+    e = ((bits >> 23) & 0xFF).to(tl.int32) - 127
+    mant = ((bits & 0x7FFFFF) | 0x800000).to(tl.int32)
+    shift = tl.minimum(tl.maximum(23 - e, 1), 24)
+    ip = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    up = (rem > half) | ((rem == half) & ((ip & 1) == 1))
+    r = tl.where(e < -1, 0, ip + up.to(tl.int32))
+    return tl.where((bits >> 31) != 0, -r, r)
+
+
+@triton.jit
+def quantize_tile(v, mask, FP8: tl.constexpr, NATIVE_FP8: tl.constexpr):
+    """Per-row quantization of an fp32 [ROWS, BLOCK] tile (masked-out lanes ignored).
+
+    Returns (codes [ROWS, BLOCK]: int8, or uint8 bits of e4m3; scales fp32 [ROWS]) following
+    ``reference.quantize_rows``.
+    """
+    amax = tl.max(tl.where(mask, tl.abs(v), 0.0), axis=1)
+    amax = tl.maximum(amax, 7.888609052210118e-31)  # 2**-100
+    if FP8:
+        scale = tl.div_rn(amax, 448.0)
+        inv = tl.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)
+        s = tl.minimum(tl.maximum(v * inv[:, None], -448.0), 448.0)
+        if NATIVE_FP8:
+            q = s.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            q = fp32_to_e4m3_bits(s)
+    else:
+        scale = tl.div_rn(amax, 127.0)
+        inv = tl.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax)
+        s = tl.minimum(tl.maximum(v * inv[:, None], -127.0), 127.0)
+        q = rne_bits(s).to(tl.int8)
+    return q, scale

@@ -1,0 +1,239 @@
+"""Row quantizers and the producers that write quantized rows straight from the op before them.
+
+Ops (each ``exact`` against ``reference``, and each fused producer bit-identical to its separate
+kernels followed by ``quantize_rows``):
+- ``quantize_rows(x, fmt)``: per-row INT8 / FP8 e4m3 codes and fp32 scales;
+- ``rms_norm_quantize(x, weight, eps, fmt, residual=)``: ``norm.rms_norm`` then ``quantize_rows``
+  in one kernel (the RMSNorm arithmetic and launch shape are the norm kernel's, so the normalized
+  row is bit-identical to ``norm.rms_norm``'s output);
+- ``silu_mul(gate_up)``: SwiGLU of a gate|up row (``faithful`` vs ``reference.silu_mul``: the
+  exponential may differ by an ulp; output within 2 bf16 ulp);
+- ``silu_mul_quantize(gate_up, fmt)``: ``silu_mul`` then ``quantize_rows``, one kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
+from flashrt_kernels.checks import check_choice, check_float, check_out, check_tensor
+from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
+from flashrt_kernels.quant import reference
+from flashrt_kernels.quant.device import quantize_tile, swiglu
+from flashrt_kernels.triton_helpers import cast_rne
+
+FORMATS = ("int8", "fp8")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+CODE_DTYPE = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+IMPLEMENTED = ("triton", "reference")
+MAX_COLS = 32768
+
+
+@triton.jit
+def _store_codes(Q, S, rows, cols, mask, stride_q, v, FP8: tl.constexpr, NATIVE: tl.constexpr):
+    q, scale = quantize_tile(v, mask, FP8, NATIVE)
+    tl.store(Q + rows[:, None] * stride_q + cols[None, :], q, mask=mask)
+    tl.store(S + rows, scale, mask=tl.max(mask.to(tl.int32), axis=1) > 0)
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    X, Q, S, n_rows, n_cols, stride_x, stride_q,
+    FP8: tl.constexpr, NATIVE: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    _store_codes(Q, S, rows, cols, mask, stride_q, x.to(tl.float32), FP8, NATIVE)
+
+
+@triton.jit
+def _rms_norm_quantize_kernel(
+    X, W, R, RO, Q, S, n_rows, n_cols, stride_x, stride_r, stride_ro, stride_q, eps,
+    HAS_RESIDUAL: tl.constexpr, FP8: tl.constexpr, NATIVE: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    # The RMSNorm body follows norm.rms_norm's kernel operation for operation.
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_ok[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        x = cast_rne(x.to(tl.float32) + r.to(tl.float32), x.dtype)
+        tl.store(RO + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
+    xf = x.to(tl.float32)
+    mean_sq = tl.sum(xf * xf, axis=1) / n_cols
+    inv = 1.0 / tl.sqrt(mean_sq + eps)
+    normed = cast_rne(xf * inv[:, None], x.dtype)
+    w = tl.load(W + cols, mask=col_ok, other=0.0)
+    y = cast_rne(normed.to(tl.float32) * w.to(tl.float32)[None, :], x.dtype)
+    _store_codes(Q, S, rows, cols, mask, stride_q, y.to(tl.float32), FP8, NATIVE)
+
+
+@triton.jit
+def _silu_mul_kernel(
+    GU, Y, Q, S, n_rows, n_cols, stride_gu, stride_y, stride_q,
+    QUANTIZE: tl.constexpr, FP8: tl.constexpr, NATIVE: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    base = GU + rows[:, None] * stride_gu + cols[None, :]
+    g = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(base + n_cols, mask=mask, other=0.0).to(tl.float32)
+    h = cast_rne(swiglu(g, u), GU.dtype.element_ty)
+    if QUANTIZE:
+        _store_codes(Q, S, rows, cols, mask, stride_q, h.to(tl.float32), FP8, NATIVE)
+    else:
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], h, mask=mask)
+
+
+def _row_config(n_cols: int) -> tuple[int, int, int]:
+    block_n = triton.next_power_of_2(n_cols)
+    rows = max(1, min(16, 4096 // block_n))
+    elems = block_n * rows
+    return block_n, rows, 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
+
+
+def _codes_view(q: torch.Tensor) -> torch.Tensor:
+    return q.view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q
+
+
+def _native_fp8(device: torch.device) -> bool:
+    return device.type == "cuda" and not triton_interpreter_active()
+
+
+def _check_rows(op, name, x, dtypes=DTYPES, cols=None):
+    check_tensor(op, name, x, dtypes=dtypes, ndim=2, last_dim_contiguous=True)
+    if cols is not None and x.shape[1] != cols:
+        raise ValueError(f"{op}: {name} must have {cols} columns, got {x.shape[1]}")
+    if not 1 <= x.shape[1] <= MAX_COLS:
+        raise ValueError(f"{op}: {name} must have 1..{MAX_COLS} columns, got {x.shape[1]}")
+
+
+def _alloc_or_check(op, fmt, rows, cols, device, out):
+    check_choice(op, "fmt", fmt, FORMATS)
+    if out is None:
+        return (
+            torch.empty(rows, cols, dtype=CODE_DTYPE[fmt], device=device),
+            torch.empty(rows, dtype=torch.float32, device=device),
+        )
+    q, s = out
+    check_out(op, "out[0] (codes)", q, shape=(rows, cols), dtype=CODE_DTYPE[fmt], device=device)
+    check_out(op, "out[1] (scales)", s, shape=(rows,), dtype=torch.float32, device=device)
+    return q, s
+
+
+def quantize_rows(x: torch.Tensor, fmt: str = "int8", *, out=None, backend: str = "auto"):
+    """Per-row INT8 / FP8 quantization of a [rows, K] tensor: returns (codes, scales fp32)."""
+    op = "quantize_rows"
+    _check_rows(op, "x", x)
+    q, s = _alloc_or_check(op, fmt, x.shape[0], x.shape[1], x.device, out)
+    which = resolve_backend(op, backend, x.device, IMPLEMENTED)
+    if which == "reference":
+        rq, rs = reference.quantize_rows(x, fmt)
+        q.copy_(rq)
+        s.copy_(rs)
+    elif x.shape[0]:
+        block_n, rows, warps = _row_config(x.shape[1])
+        _quantize_rows_kernel[(triton.cdiv(x.shape[0], rows),)](
+            x, _codes_view(q), s, x.shape[0], x.shape[1], x.stride(0), q.stride(0),
+            FP8=fmt == "fp8", NATIVE=_native_fp8(x.device), BLOCK_N=block_n, ROWS=rows,
+            num_warps=warps,
+        )  # fmt: skip
+    return q, s
+
+
+def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residual=None,
+                      out=None, residual_out=None, backend: str = "auto"):  # fmt: skip
+    """RMSNorm (+ residual) straight to quantized rows: returns (codes, scales) or, with a
+    residual, (codes, scales, new_residual)."""
+    op = "rms_norm_quantize"
+    _check_rows(op, "x", x, dtypes=(torch.bfloat16, torch.float16))
+    n, k = x.shape
+    check_tensor(op, "weight", weight, dtypes=(x.dtype,), shape=[k], device=x.device,
+                 contiguous=True)  # fmt: skip
+    check_float(op, "eps", eps, positive=True)
+    if residual is not None:
+        check_tensor(op, "residual", residual, dtypes=(x.dtype,), shape=[n, k], device=x.device,
+                     last_dim_contiguous=True)  # fmt: skip
+        if residual_out is None:
+            residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        check_out(op, "residual_out", residual_out, shape=(n, k), dtype=x.dtype, device=x.device)
+    elif residual_out is not None:
+        raise ValueError(f"{op}: residual_out given without residual")
+    q, s = _alloc_or_check(op, fmt, n, k, x.device, out)
+    which = resolve_backend(op, backend, x.device, IMPLEMENTED)
+    if which == "reference":
+        rq, rs, rr = reference.rms_norm_quantize(x, weight, eps, residual, fmt)
+        if residual is not None:
+            residual_out.copy_(rr)
+        q.copy_(rq)
+        s.copy_(rs)
+    elif n:
+        block_n, rows, warps = norm_launch_config(k)
+        has_res = residual is not None
+        _rms_norm_quantize_kernel[(triton.cdiv(n, rows),)](
+            x, weight, residual if has_res else x, residual_out if has_res else x,
+            _codes_view(q), s, n, k, x.stride(0), residual.stride(0) if has_res else 0,
+            residual_out.stride(0) if has_res else 0, q.stride(0), float(eps),
+            HAS_RESIDUAL=has_res, FP8=fmt == "fp8", NATIVE=_native_fp8(x.device),
+            BLOCK_N=block_n, ROWS=rows, num_warps=warps,
+        )  # fmt: skip
+    return (q, s) if residual is None else (q, s, residual_out)
+
+
+def _silu_launch(gu, y, q, s, fmt, quantize):
+    n, i = gu.shape[0], gu.shape[1] // 2
+    if n == 0:
+        return
+    block_n, rows, warps = _row_config(i)
+    _silu_mul_kernel[(triton.cdiv(n, rows),)](
+        gu, y if y is not None else gu, q if q is not None else gu, s if s is not None else gu,
+        n, i, gu.stride(0), y.stride(0) if y is not None else 0,
+        q.stride(0) if q is not None else 0,
+        QUANTIZE=quantize, FP8=fmt == "fp8", NATIVE=_native_fp8(gu.device),
+        BLOCK_N=block_n, ROWS=rows, num_warps=warps,
+    )  # fmt: skip
+
+
+def _check_gate_up(op, gate_up):
+    _check_rows(op, "gate_up", gate_up, dtypes=(torch.bfloat16, torch.float16))
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"{op}: gate_up must have an even number of columns (gate | up)")
+
+
+def silu_mul(gate_up: torch.Tensor, *, out=None, backend: str = "auto") -> torch.Tensor:
+    """SwiGLU of a [rows, 2I] gate|up tensor -> [rows, I] in its dtype."""
+    op = "silu_mul"
+    _check_gate_up(op, gate_up)
+    n, i = gate_up.shape[0], gate_up.shape[1] // 2
+    if out is None:
+        out = torch.empty(n, i, dtype=gate_up.dtype, device=gate_up.device)
+    check_out(op, "out", out, shape=(n, i), dtype=gate_up.dtype, device=gate_up.device)
+    if resolve_backend(op, backend, gate_up.device, IMPLEMENTED) == "reference":
+        out.copy_(reference.silu_mul(gate_up))
+    else:
+        _silu_launch(gate_up, out, None, None, "int8", False)
+    return out
+
+
+def silu_mul_quantize(gate_up, fmt: str = "int8", *, out=None, backend: str = "auto"):
+    """SwiGLU of a gate|up tensor straight to quantized rows: (codes [rows, I], scales)."""
+    op = "silu_mul_quantize"
+    _check_gate_up(op, gate_up)
+    n, i = gate_up.shape[0], gate_up.shape[1] // 2
+    q, s = _alloc_or_check(op, fmt, n, i, gate_up.device, out)
+    if resolve_backend(op, backend, gate_up.device, IMPLEMENTED) == "reference":
+        rq, rs = reference.quantize_rows(reference.silu_mul(gate_up), fmt)
+        q.copy_(rq)
+        s.copy_(rs)
+    else:
+        _silu_launch(gate_up, None, _codes_view(q), s, fmt, True)
+    return q, s
