@@ -1,0 +1,62 @@
+"""Image preprocessing == transformers' slow (PIL) Qwen2VLImageProcessor, bit for bit, on random
+frames of many sizes; the torch port (gpu_preprocess, run here on CPU tensors) likewise."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from flashrt_activevln.config import tiny
+from flashrt_activevln.processor import ActiveVLNProcessor, smart_resize
+
+pil_proc = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+
+
+def _frame(h, w, seed, kind):
+    rng = np.random.default_rng(seed)
+    if kind == "noise":
+        return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    if kind == "binary":  # 0/255 edges: the most overshoot the bicubic lobes can make
+        return (rng.integers(0, 2, (h, w, 3)) * 255).astype(np.uint8)
+    yy, xx = np.mgrid[0:h, 0:w]
+    return np.stack([(yy * 7) % 256, (xx * 3) % 256, (yy + xx) % 256], -1).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def procs():
+    cfg = tiny()
+    ours = ActiveVLNProcessor(tokenizer=None, cfg=cfg)
+    ref = pil_proc.Qwen2VLImageProcessorPil(
+        min_pixels=ours.min_pixels, max_pixels=ours.max_pixels, patch_size=14, merge_size=2
+    )
+    return ours, ref
+
+
+@given(
+    h=st.integers(8, 720),
+    w=st.integers(8, 720),
+    seed=st.integers(0, 2**16),
+    kind=st.sampled_from(["noise", "binary", "ramp"]),
+)
+@example(h=480, w=640, seed=0, kind="noise")
+@example(h=224, w=308, seed=1, kind="binary")  # already the target size: no resize pass
+@example(h=16, w=16, seed=2, kind="noise")  # upscaled to min_pixels
+@example(h=479, w=641, seed=3, kind="ramp")
+def test_processor_matches_transformers_bitwise(procs, h, w, seed, kind):
+    ours, ref = procs
+    frame = _frame(h, w, seed, kind)
+    want = ref(images=[frame], return_tensors="np")
+    cpu, grid = ours.preprocess_cpu(frame)
+    assert list(grid) == want["image_grid_thw"][0].tolist()
+    assert cpu.dtype == torch.float32
+    assert np.array_equal(cpu.numpy().view(np.int32), want["pixel_values"].view(np.int32))
+    dev, grid2 = ours.gpu_preprocess(torch.from_numpy(frame))
+    assert grid2 == grid
+    assert torch.equal(dev.view(torch.int32), cpu.view(torch.int32))
+
+
+def test_smart_resize_r2r_geometry():
+    assert smart_resize(480, 640) == (224, 308)
+    with pytest.raises(ValueError):
+        smart_resize(1, 500)
