@@ -24,7 +24,7 @@ from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
 from flashrt_kernels.gemm import reference
 from flashrt_kernels.quant.device import swiglu
-from flashrt_kernels.triton_helpers import cast_rne
+from flashrt_kernels.triton_helpers import cast_rne, to_f32
 
 BLOCK_M = 16
 WEIGHT_DTYPES = (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
@@ -52,7 +52,7 @@ def _dot_columns(X, W, rows, cols, m, n_rows_w, k0, k_len, stride_x, stride_w,
         b = tl.load(W + cols[:, None] * stride_w + k[None, :], mask=col_ok[:, None] & k_ok[None, :],
                     other=0.0)  # fmt: skip
         if UPCAST:
-            acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+            acc = tl.dot(to_f32(a), tl.trans(to_f32(b)), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, tl.trans(b.to(tl.bfloat16)), acc)
     return acc
@@ -210,3 +210,26 @@ def linear_gate_up_swiglu(x, w_gate_up, w_scale=None, *, out=None, backend: str 
     else:
         _launch(x, w_gate_up, w_scale, out, two_i // 2, True, config)
     return out
+
+
+# torch.library registration (functional forms with fake implementations).
+@torch.library.custom_op("flashrt::few_rows_linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor | None,
+               backend: str) -> torch.Tensor:  # fmt: skip
+    return linear(x, weight, w_scale, backend=backend)
+
+
+@_linear_op.register_fake
+def _(x, weight, w_scale, backend):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("flashrt::few_rows_gate_up_swiglu", mutates_args=())
+def _gate_up_op(x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor | None,
+                backend: str) -> torch.Tensor:  # fmt: skip
+    return linear_gate_up_swiglu(x, weight, w_scale, backend=backend)
+
+
+@_gate_up_op.register_fake
+def _(x, weight, w_scale, backend):
+    return x.new_empty(x.shape[0], weight.shape[0] // 2)

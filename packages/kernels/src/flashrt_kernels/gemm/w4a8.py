@@ -23,7 +23,7 @@ from flashrt_kernels.gemm import reference
 from flashrt_kernels.quant import reference as qref
 from flashrt_kernels.quant.device import rne_small
 from flashrt_kernels.quant.int4 import Int4Weight
-from flashrt_kernels.triton_helpers import cast_rne
+from flashrt_kernels.triton_helpers import cast_rne, to_f32
 
 OP = "w4a8_linear"
 GROUP = 128
@@ -58,7 +58,7 @@ def _w4a8_kernel(
             xa = tl.load(
                 X + rows[:, None] * stride_x + kx[None, :], mask=row_ok[:, None], other=0.0
             )
-            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+            amax = tl.maximum(amax, tl.max(tl.abs(to_f32(xa)), axis=1))
         amax = tl.maximum(amax, 7.888609052210118e-31)
         inv = tl.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax)
         xs = tl.div_rn(amax, 127.0)
@@ -69,8 +69,8 @@ def _w4a8_kernel(
         ke = g * 128 + 2 * half
         if PROLOGUE:
             xp = X + rows[:, None] * stride_x + ke[None, :]
-            ve = tl.load(xp, mask=row_ok[:, None], other=0.0).to(tl.float32) * inv[:, None]
-            vo = tl.load(xp + 1, mask=row_ok[:, None], other=0.0).to(tl.float32) * inv[:, None]
+            ve = to_f32(tl.load(xp, mask=row_ok[:, None], other=0.0)) * inv[:, None]
+            vo = to_f32(tl.load(xp + 1, mask=row_ok[:, None], other=0.0)) * inv[:, None]
             xe = rne_small(tl.minimum(tl.maximum(ve, -127.0), 127.0)).to(tl.int8)
             xo = rne_small(tl.minimum(tl.maximum(vo, -127.0), 127.0)).to(tl.int8)
         else:
@@ -176,3 +176,16 @@ def w4a8_linear(x=None, weight: Int4Weight = None, *, xq=None, xs=None, out=None
             num_warps=4,
         )  # fmt: skip
     return out
+
+
+@torch.library.custom_op("flashrt::w4a8_linear", mutates_args=())
+def _w4a8_op(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor,
+             scales: torch.Tensor, s16: torch.Tensor, gfactor: torch.Tensor, out_features: int,
+             backend: str) -> torch.Tensor:  # fmt: skip
+    w = Int4Weight(qweight, zeros, scales, out_features, s16, gfactor)
+    return w4a8_linear(xq=xq, xs=xs, weight=w, backend=backend)
+
+
+@_w4a8_op.register_fake
+def _(xq, xs, qweight, zeros, scales, s16, gfactor, out_features, backend):
+    return xq.new_empty(xq.shape[0], out_features, dtype=torch.bfloat16)

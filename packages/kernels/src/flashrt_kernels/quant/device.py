@@ -82,6 +82,12 @@ def quantize_tile(v, mask, FP8: tl.constexpr, NATIVE_FP8: tl.constexpr):
     ``reference.quantize_rows``.
     """
     amax = tl.max(tl.where(mask, tl.abs(v), 0.0), axis=1)
+    return quantize_tile_amax(v, amax, FP8, NATIVE_FP8)
+
+
+@triton.jit
+def quantize_tile_amax(v, amax, FP8: tl.constexpr, NATIVE_FP8: tl.constexpr):
+    """``quantize_tile`` given the rows' absmax (before the floor)."""
     amax = tl.maximum(amax, 7.888609052210118e-31)  # 2**-100
     if FP8:
         scale = tl.div_rn(amax, 448.0)

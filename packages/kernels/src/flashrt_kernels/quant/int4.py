@@ -121,6 +121,8 @@ def from_awq(qweight, qzeros, scales, pad_to: int = 1) -> Int4Weight:
 
 def to_awq(w: Int4Weight, scale_dtype=torch.float16):
     n = w.out_features
+    if n % 8:
+        raise ValueError(f"to_awq: out_features must be a multiple of 8, got {n}")
     codes, zeros = w.codes()[:n], w.zeros[:n]
     return (
         _awq_pack_columns(codes.t().contiguous()),

@@ -115,15 +115,20 @@ def w4a8_integer_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def w4a8_linear(xq, xs, codes, zeros, s16, gfactor, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """Integer W4A8 reference: per group g an int32 dot of INT8 activations with (q - zero), times
-    s16[n, g], summed exactly in int64; then fp32(total) * fp32(xs[m] * gfactor) -> out_dtype."""
+    """Integer W4A8 reference: per group g the dot of INT8 activations with (q - zero), times
+    s16[n, g], summed over groups exactly; then fp32(total) * fp32(xs[m] * gfactor) -> out_dtype.
+
+    The integers are carried in float64, where they are exact (a group dot is below 2**18, times
+    s16 below 2**31, summed over at most 2**14 groups below 2**45 < 2**53), so this runs on any
+    device (CUDA has no int64 matmul).
+    """
     m, k = xq.shape
     n, groups = s16.shape
     g = k // groups
-    x = xq.long().reshape(m, groups, g)
-    w = (codes.long().reshape(n, groups, g) - zeros.long()[..., None]).permute(1, 2, 0)
-    per_group = torch.bmm(x.permute(1, 0, 2), w)  # [groups, m, n], exact in int64
-    total = (per_group * s16.long().t()[:, None, :]).sum(0)
+    x = xq.double().reshape(m, groups, g).permute(1, 0, 2)
+    w = (codes.double().reshape(n, groups, g) - zeros.double()[..., None]).permute(1, 2, 0)
+    per_group = torch.bmm(x, w)  # [groups, m, n]
+    total = (per_group * s16.double().t()[:, None, :]).sum(0).to(torch.int64)
     tscale = xs.float() * gfactor.float()
     return (total.float() * tscale[:, None]).to(out_dtype)
 

@@ -19,10 +19,11 @@ import triton.language as tl
 
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_choice, check_float, check_out, check_tensor
+from flashrt_kernels.norm.rms_norm import _load_segment as norm_load_segment
 from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
 from flashrt_kernels.quant import reference
-from flashrt_kernels.quant.device import quantize_tile, swiglu
-from flashrt_kernels.triton_helpers import cast_rne
+from flashrt_kernels.quant.device import quantize_tile, quantize_tile_amax, swiglu
+from flashrt_kernels.triton_helpers import cast_rne, to_f32
 
 FORMATS = ("int8", "fp8")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -47,32 +48,53 @@ def _quantize_rows_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    _store_codes(Q, S, rows, cols, mask, stride_q, x.to(tl.float32), FP8, NATIVE)
+    _store_codes(Q, S, rows, cols, mask, stride_q, to_f32(x), FP8, NATIVE)
+
+
+@triton.jit
+def _normed_segment(W, xf, inv, cols, col_ok, DTYPE: tl.constexpr):
+    """norm.rms_norm's output for one segment, as fp32 values of the rounded dtype."""
+    normed = cast_rne(xf * inv[:, None], DTYPE)
+    w = tl.load(W + cols, mask=col_ok, other=0.0)
+    return to_f32(cast_rne(to_f32(normed) * to_f32(w)[None, :], DTYPE))
 
 
 @triton.jit
 def _rms_norm_quantize_kernel(
     X, W, R, RO, Q, S, n_rows, n_cols, stride_x, stride_r, stride_ro, stride_q, eps,
     HAS_RESIDUAL: tl.constexpr, FP8: tl.constexpr, NATIVE: tl.constexpr,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    # The RMSNorm body follows norm.rms_norm's kernel operation for operation.
+    # The RMSNorm follows norm.rms_norm's kernel (two column segments, its helpers, its launch
+    # shape) so the normalized rows are its bits; then both segments are quantized together.
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < n_cols
-    mask = (rows < n_rows)[:, None] & col_ok[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-        x = cast_rne(x.to(tl.float32) + r.to(tl.float32), x.dtype)
-        tl.store(RO + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
-    xf = x.to(tl.float32)
-    mean_sq = tl.sum(xf * xf, axis=1) / n_cols
-    inv = 1.0 / tl.sqrt(mean_sq + eps)
-    normed = cast_rne(xf * inv[:, None], x.dtype)
-    w = tl.load(W + cols, mask=col_ok, other=0.0)
-    y = cast_rne(normed.to(tl.float32) * w.to(tl.float32)[None, :], x.dtype)
-    _store_codes(Q, S, rows, cols, mask, stride_q, y.to(tl.float32), FP8, NATIVE)
+    row_ok = rows < n_rows
+    cols_a = tl.arange(0, BLOCK_A)
+    ok_a = cols_a < BLOCK_A
+    xa = norm_load_segment(X, R, RO, rows, row_ok, cols_a, ok_a, stride_x, stride_r, stride_ro,
+                           HAS_RESIDUAL)  # fmt: skip
+    sum_sq = tl.sum(xa * xa, axis=1)
+    if BLOCK_B > 0:
+        cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+        ok_b = cols_b < n_cols
+        xb = norm_load_segment(X, R, RO, rows, row_ok, cols_b, ok_b, stride_x, stride_r,
+                               stride_ro, HAS_RESIDUAL)  # fmt: skip
+        sum_sq += tl.sum(xb * xb, axis=1)
+    inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
+    dt = X.dtype.element_ty
+    ya = _normed_segment(W, xa, inv, cols_a, ok_a, dt)
+    mask_a = row_ok[:, None] & ok_a[None, :]
+    amax = tl.max(tl.where(mask_a, tl.abs(ya), 0.0), axis=1)
+    if BLOCK_B > 0:
+        yb = _normed_segment(W, xb, inv, cols_b, ok_b, dt)
+        mask_b = row_ok[:, None] & ok_b[None, :]
+        amax = tl.maximum(amax, tl.max(tl.where(mask_b, tl.abs(yb), 0.0), axis=1))
+    qa, scale = quantize_tile_amax(ya, amax, FP8, NATIVE)
+    tl.store(Q + rows[:, None] * stride_q + cols_a[None, :], qa, mask=mask_a)
+    if BLOCK_B > 0:
+        qb, scale = quantize_tile_amax(yb, amax, FP8, NATIVE)
+        tl.store(Q + rows[:, None] * stride_q + cols_b[None, :], qb, mask=mask_b)
+    tl.store(S + rows, scale, mask=row_ok)
 
 
 @triton.jit
@@ -85,11 +107,11 @@ def _silu_mul_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     base = GU + rows[:, None] * stride_gu + cols[None, :]
-    g = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(base + n_cols, mask=mask, other=0.0).to(tl.float32)
+    g = to_f32(tl.load(base, mask=mask, other=0.0))
+    u = to_f32(tl.load(base + n_cols, mask=mask, other=0.0))
     h = cast_rne(swiglu(g, u), GU.dtype.element_ty)
     if QUANTIZE:
-        _store_codes(Q, S, rows, cols, mask, stride_q, h.to(tl.float32), FP8, NATIVE)
+        _store_codes(Q, S, rows, cols, mask, stride_q, to_f32(h), FP8, NATIVE)
     else:
         tl.store(Y + rows[:, None] * stride_y + cols[None, :], h, mask=mask)
 
@@ -177,14 +199,14 @@ def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residu
         q.copy_(rq)
         s.copy_(rs)
     elif n:
-        block_n, rows, warps = norm_launch_config(k)
+        block_a, block_b, rows, warps = norm_launch_config(k)
         has_res = residual is not None
         _rms_norm_quantize_kernel[(triton.cdiv(n, rows),)](
             x, weight, residual if has_res else x, residual_out if has_res else x,
             _codes_view(q), s, n, k, x.stride(0), residual.stride(0) if has_res else 0,
             residual_out.stride(0) if has_res else 0, q.stride(0), float(eps),
             HAS_RESIDUAL=has_res, FP8=fmt == "fp8", NATIVE=_native_fp8(x.device),
-            BLOCK_N=block_n, ROWS=rows, num_warps=warps,
+            BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps,
         )  # fmt: skip
     return (q, s) if residual is None else (q, s, residual_out)
 
@@ -237,3 +259,51 @@ def silu_mul_quantize(gate_up, fmt: str = "int8", *, out=None, backend: str = "a
     else:
         _silu_launch(gate_up, None, _codes_view(q), s, fmt, True)
     return q, s
+
+
+# torch.library registration (functional forms with fake implementations).
+def _fake_codes(x, fmt, cols):
+    return (x.new_empty(x.shape[0], cols, dtype=CODE_DTYPE[fmt]),
+            x.new_empty(x.shape[0], dtype=torch.float32))  # fmt: skip
+
+
+@torch.library.custom_op("flashrt::quantize_rows", mutates_args=())
+def _quantize_rows_op(x: torch.Tensor, fmt: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_rows(x, fmt, backend=backend)
+
+
+@_quantize_rows_op.register_fake
+def _(x, fmt, backend):
+    return _fake_codes(x, fmt, x.shape[1])
+
+
+@torch.library.custom_op("flashrt::rms_norm_quantize", mutates_args=())
+def _rms_norm_quantize_op(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str,
+                          backend: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return rms_norm_quantize(x, weight, eps, fmt, backend=backend)
+
+
+@_rms_norm_quantize_op.register_fake
+def _(x, weight, eps, fmt, backend):
+    return _fake_codes(x, fmt, x.shape[1])
+
+
+@torch.library.custom_op("flashrt::silu_mul", mutates_args=())
+def _silu_mul_op(gate_up: torch.Tensor, backend: str) -> torch.Tensor:
+    return silu_mul(gate_up, backend=backend)
+
+
+@_silu_mul_op.register_fake
+def _(gate_up, backend):
+    return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+
+@torch.library.custom_op("flashrt::silu_mul_quantize", mutates_args=())
+def _silu_mul_quantize_op(gate_up: torch.Tensor, fmt: str,
+                          backend: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return silu_mul_quantize(gate_up, fmt, backend=backend)
+
+
+@_silu_mul_quantize_op.register_fake
+def _(gate_up, fmt, backend):
+    return _fake_codes(gate_up, fmt, gate_up.shape[1] // 2)

@@ -1,0 +1,125 @@
+"""Properties of the quant family's kernels, run by the tests (both scales) and ``flashrt check``."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from flashrt_kernels.norm import rms_norm
+from flashrt_kernels.quant import reference
+from flashrt_kernels.quant.rows import (
+    CODE_DTYPE,
+    FORMATS,
+    quantize_rows,
+    rms_norm_quantize,
+    silu_mul,
+    silu_mul_quantize,
+)
+from flashrt_kernels.registry import Property, register_property
+from flashrt_kernels.testing import (
+    assert_exact,
+    assert_faithful,
+    make_values,
+    poisoned_empty,
+    seeds,
+    sizes,
+    test_device,
+    value_kinds,
+)
+
+REAL_WIDTHS = (2048, 4096, 1152, 11008, 12288)
+KINDS = ("normal", "uniform", "ties", "zeros", "outlier", "huge", "tiny", "denormal",
+         "relu_plateau")  # fmt: skip
+
+
+def _cases(scale: str):
+    if scale == "small":
+        rows, cols = sizes(1, 40), sizes(1, 300)
+    else:
+        rows = sizes(1, 8192, (1, 2, 15, 16, 17, 64, 129, 1024, 8192))
+        cols = st.sampled_from(REAL_WIDTHS)
+    return st.fixed_dictionaries(
+        {"rows": rows, "cols": cols, "fmt": st.sampled_from(FORMATS),
+         "dtype": st.sampled_from((torch.bfloat16, torch.float16)), "kind": value_kinds(*KINDS),
+         "residual": st.booleans(), "seed": seeds()}
+    )  # fmt: skip
+
+
+def _examples(scale: str):
+    base = {"kind": "outlier", "residual": True, "seed": 0, "dtype": torch.bfloat16}
+    shapes = [(1, 1), (17, 129), (16, 128), (3, 257)] if scale == "small" else [
+        (1, 2048), (16, 12288), (129, 11008)]  # fmt: skip
+    return [{**base, "rows": r, "cols": c, "fmt": f} for r, c in shapes for f in FORMATS]
+
+
+def _codes(q):
+    return q.view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q
+
+
+def _buffers(case, rows, cols, device):
+    return (
+        poisoned_empty((rows, cols), CODE_DTYPE[case["fmt"]], device)
+        if case["fmt"] == "int8"
+        else torch.full((rows, cols), 0x7F, dtype=torch.uint8, device=device).view(
+            torch.float8_e4m3fn
+        ),
+        poisoned_empty((rows,), torch.float32, device),
+    )
+
+
+def _check_quantize_rows(case) -> None:
+    """Codes and scales bit-identical to the torch specification."""
+    device = test_device()
+    x = make_values(case["kind"], (case["rows"], case["cols"]), case["dtype"], case["seed"],
+                    device)  # fmt: skip
+    q, s = quantize_rows(x, case["fmt"], out=_buffers(case, *x.shape, device), backend="triton")
+    rq, rs = reference.quantize_rows(x, case["fmt"])
+    assert_exact(_codes(q), _codes(rq), what="codes")
+    assert_exact(s, rs, what="scales")
+
+
+def _check_rms_norm_quantize(case) -> None:
+    """Fused RMSNorm -> quantized rows == norm.rms_norm then quantize_rows, bit for bit."""
+    device = test_device()
+    shape, dt, sd = (case["rows"], case["cols"]), case["dtype"], case["seed"]
+    kind = case["kind"] if case["kind"] not in ("huge",) else "normal"
+    x = make_values(kind, shape, dt, sd, device)
+    w = make_values("normal", (case["cols"],), dt, sd + 1, device)
+    res = make_values("normal", shape, dt, sd + 2, device) if case["residual"] else None
+    got = rms_norm_quantize(x, w, 1e-6, case["fmt"], residual=res,
+                            out=_buffers(case, *shape, device), backend="triton")  # fmt: skip
+    sep = rms_norm(x, w, 1e-6, residual=res, backend="triton")
+    y = sep[0] if res is not None else sep
+    q, s = quantize_rows(y, case["fmt"], backend="triton")
+    assert_exact(_codes(got[0]), _codes(q), what="fused codes vs rms_norm + quantize_rows")
+    assert_exact(got[1], s, what="fused scales")
+    if res is not None:
+        assert_exact(got[2], sep[1], what="new residual")
+
+
+def _check_silu_mul_quantize(case) -> None:
+    """silu_mul faithful to torch (2 ulp); fused SiLU-mul -> quantized rows == silu_mul then
+    quantize_rows, bit for bit."""
+    device = test_device()
+    shape, dt = (case["rows"], 2 * case["cols"]), case["dtype"]
+    kind = case["kind"] if case["kind"] not in ("huge",) else "normal"
+    gu = make_values(kind, shape, dt, case["seed"], device)
+    h = silu_mul(gu, out=poisoned_empty((shape[0], case["cols"]), dt, device), backend="triton")
+    ulp = 2.0**-7 if dt == torch.bfloat16 else 2.0**-10
+    assert_faithful(h, reference.silu_mul(gu), rtol=2 * ulp, atol=2 * torch.finfo(dt).tiny,
+                    what="silu_mul")  # fmt: skip
+    q, s = silu_mul_quantize(gu, case["fmt"], out=_buffers(case, shape[0], case["cols"], device),
+                             backend="triton")  # fmt: skip
+    rq, rs = quantize_rows(h, case["fmt"], backend="triton")
+    assert_exact(_codes(q), _codes(rq), what="fused codes vs silu_mul + quantize_rows")
+    assert_exact(s, rs, what="fused scales")
+
+
+PROPERTIES = {
+    p.qualname: register_property(p)
+    for p in (
+        Property("quantize_rows", "exact", _cases, _check_quantize_rows, _examples),
+        Property("rms_norm_quantize", "exact", _cases, _check_rms_norm_quantize, _examples),
+        Property("silu_mul_quantize", "exact", _cases, _check_silu_mul_quantize, _examples),
+    )
+}

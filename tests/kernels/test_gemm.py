@@ -1,0 +1,102 @@
+import pytest
+import torch
+
+from flashrt_kernels.gemm import linear, linear_gate_up_swiglu
+from flashrt_kernels.gemm.fp8_linear import fp8_linear
+from flashrt_kernels.gemm.properties import PROPERTIES as PROPS
+from flashrt_kernels.gemm.w4a8 import w4a8_linear
+from flashrt_kernels.quant.int4 import quantize_int4
+
+for _name, _prop in PROPS.items():
+    _base = _name.replace(".", "_")
+    globals()[f"test_{_base}_small"] = _prop.test("small")
+    globals()[f"test_{_base}_gpu"] = pytest.mark.gpu(_prop.test("real"))
+
+
+def _bf16(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def test_reference_backend_and_custom_ops():
+    x, w = _bf16(3, 64), _bf16(8, 64, seed=1)
+    y = linear(x, w, backend="reference")
+    assert torch.equal(y, (x.double() @ w.double().t()).to(torch.bfloat16))
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fy = torch.ops.flashrt.few_rows_linear(torch.empty(3, 64, dtype=torch.bfloat16),
+                                               torch.empty(8, 64, dtype=torch.bfloat16), None,
+                                               "reference")  # fmt: skip
+        assert fy.shape == (3, 8) and fy.dtype == torch.bfloat16
+    assert torch.equal(torch.ops.flashrt.few_rows_linear(x, w, None, "reference"), y)
+
+
+def test_gate_up_reference_is_silu_of_both_halves():
+    from flashrt_kernels.quant.reference import silu_mul
+
+    x, w = _bf16(2, 32), _bf16(16, 32, seed=2)
+    want = silu_mul(linear(x, w, backend="reference"))
+    assert torch.equal(linear_gate_up_swiglu(x, w, backend="reference"), want)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"x": torch.randn(2, 64)}, TypeError, "x must have dtype"),
+        ({"weight": _bf16(8, 63)}, ValueError, "weight must be"),
+        ({"weight": torch.zeros(8, 64, dtype=torch.int8)}, ValueError, "need w_scale"),
+        ({"w_scale": torch.ones(8)}, ValueError, "only for int8"),
+        ({"out": torch.empty(2, 9, dtype=torch.bfloat16)}, ValueError, "out must have shape"),
+        ({"backend": "cute"}, ValueError, "not implemented"),
+    ],
+)
+def test_linear_bad_inputs(kwargs, error, match):
+    args = {"x": _bf16(2, 64), "weight": _bf16(8, 64)}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        linear(args.pop("x"), args.pop("weight"), **args)
+
+
+def test_w4a8_bad_inputs():
+    w = quantize_int4(torch.randn(8, 128))
+    with pytest.raises(ValueError, match="exactly one of"):
+        w4a8_linear(weight=w)
+    with pytest.raises(ValueError, match="K = 128"):
+        w4a8_linear(_bf16(2, 64), w)
+    with pytest.raises(TypeError, match="Int4Weight"):
+        w4a8_linear(_bf16(2, 128), torch.zeros(8, 64))
+
+
+def test_fp8_linear_bad_inputs():
+    xq = torch.zeros(2, 32, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        fp8_linear(xq, torch.ones(2), xq, torch.ones(2), activation="relu")
+    with pytest.raises(ValueError, match="wq must have shape"):
+        fp8_linear(xq, torch.ones(2), xq[:, :16], torch.ones(2))
+
+
+@pytest.mark.gpu
+def test_few_rows_cuda_graph_replay_is_exact():
+    x = torch.randn(24, 4096, device="cuda").to(torch.bfloat16)
+    w = torch.randn(6144, 4096, device="cuda").to(torch.bfloat16)
+    out = torch.empty(24, 6144, dtype=torch.bfloat16, device="cuda")
+    linear(x, w, out=out)
+    eager = out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        linear(x, w, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+def test_few_rows_tile_choices_agree():
+    """Different column tiles and K tiles give the same bits (the split stays a function of K)."""
+    from flashrt_kernels.gemm.few_rows import launch_config
+
+    x = torch.randn(16, 4096, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2048, 4096, device="cuda").to(torch.bfloat16)
+    base = linear(x, w)
+    for bn, bk in ((16, 64), (64, 256), (32, 128)):
+        cfg = {**launch_config(4096), "BLOCK_N": bn, "BLOCK_K": bk}
+        assert torch.equal(linear(x, w, config=cfg), base), (bn, bk)

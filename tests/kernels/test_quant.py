@@ -1,0 +1,147 @@
+import pytest
+import torch
+
+from flashrt_kernels.quant import int4, paroquant, quantize_rows, reference
+from flashrt_kernels.quant.properties import PROPERTIES as PROPS
+
+NAMES = ("quantize_rows.exact", "rms_norm_quantize.exact", "silu_mul_quantize.exact")
+for _n in NAMES:
+    _op = _n.split(".")[0]
+    globals()[f"test_{_op}_small"] = PROPS[_n].test("small")
+    globals()[f"test_{_op}_gpu"] = pytest.mark.gpu(PROPS[_n].test("real"))
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_row_quantizers_hit_their_range_limits():
+    x = torch.tensor([[1.0, -1.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [3e38, -3e38, 1.0, 0.0]])
+    for fmt, qmax in (("int8", 127), ("fp8", 448)):
+        q, s = reference.quantize_rows(x, fmt)
+        assert q[0, 0].float() == qmax and q[0, 1].float() == -qmax
+        assert torch.equal(q[1].float(), torch.zeros(4)) and s[1] > 0
+        assert q[2, 0].float() == qmax and torch.isfinite(s).all()
+        err = (reference.dequantize_rows(q, s) - x).abs()
+        assert (err[0] <= s[0] * (0.5 if fmt == "int8" else 16)).all()
+
+
+def test_int4_pack_unpack_round_trip():
+    codes = torch.randint(0, 16, (5, 256), generator=_gen(0), dtype=torch.uint8)
+    packed = reference.pack_int4(codes)
+    assert packed.shape == (5, 128) and torch.equal(packed[:, 0] & 15, codes[:, 0])
+    assert torch.equal(reference.unpack_int4(packed), codes)
+
+
+def test_int4_group_quantization_is_within_half_a_step():
+    w = torch.randn(7, 256, generator=_gen(1))
+    w[0, :128] = 0.25  # a constant group
+    q = int4.quantize_int4(w)
+    err = (q.dequantize() - w).abs().reshape(7, 2, 128)
+    assert (err <= q.scales[:7, :, None] * 0.5 + 1e-6).all()
+    assert torch.equal(q.codes()[0, :128], q.codes()[0, :1].expand(128))
+
+
+@pytest.mark.parametrize("pad_to", [1, 64])
+def test_awq_round_trip_and_order(pad_to):
+    w = int4.quantize_int4(torch.randn(24, 256, generator=_gen(2)), pad_to=pad_to)
+    assert w.qweight.shape[0] == (64 if pad_to == 64 else 24) and w.out_features == 24
+    qweight, qzeros, scales = int4.to_awq(w)
+    assert qweight.shape == (256, 3) and qzeros.shape == (2, 3) and scales.shape == (2, 24)
+    # nibble 1 of packed column 0 is column AWQ_ORDER[1] = 2
+    assert int((qweight[5, 0] >> 4) & 15) == int(w.codes()[2, 5])
+    back = int4.from_awq(qweight, qzeros, scales, pad_to=pad_to)
+    assert torch.equal(back.qweight, w.qweight) and torch.equal(back.zeros, w.zeros)
+    assert torch.equal(back.scales, w.scales.half().float())
+    assert torch.equal(tuple(int4.to_awq(back))[0], qweight)
+
+
+def test_gptq_round_trip_and_v1_zeros():
+    w = int4.quantize_int4(torch.randn(16, 256, generator=_gen(3)) - 1.0)  # zeros > 0
+    qweight, qzeros, scales = int4.to_gptq(w)
+    assert qweight.shape == (32, 16) and qzeros.shape == (2, 2)
+    assert int((qweight[0, 3] >> 8) & 15) == int(w.codes()[3, 2])  # row 8 * 0 + 2
+    assert int(qzeros[1, 0] & 15) == int(w.zeros[0, 1]) - 1  # v1 stores zero - 1
+    back = int4.from_gptq(qweight, qzeros, scales)
+    assert torch.equal(back.qweight, w.qweight) and torch.equal(back.zeros, w.zeros)
+
+
+def test_w4a8_integer_scales():
+    s = torch.tensor([[0.5, 0.25], [1.0, 0.001]])
+    s16, g = reference.w4a8_integer_scales(s)
+    assert s16.tolist() == [[2048, 1024], [4096, 4]] and g.item() == pytest.approx(1.0 / 4096)
+
+
+def test_paroquant_rotation_round_trip_and_invariance():
+    pairs, theta, cs = paroquant.random_rotation(256, layers=8, seed=4)
+    rot = paroquant.rotation_from_checkpoint(pairs, theta, cs)
+    x = torch.randn(3, 256, generator=_gen(5))
+    v = paroquant.rotate_activations(x, rot)
+    torch.testing.assert_close(paroquant.unrotate(v, rot), x, rtol=1e-5, atol=1e-5)
+    w = torch.randn(16, 256, generator=_gen(6))
+    y = paroquant.rotate_weight(w, rot) @ v.t()
+    torch.testing.assert_close(y, w @ x.t(), rtol=1e-4, atol=1e-4)
+    q = paroquant.quantize_rotated(w, rot)
+    qw, qz, sc = int4.to_awq(q.weight)
+    ck = paroquant.from_checkpoint(pairs, theta, cs, qw, qz, sc, packing="awq")
+    assert torch.equal(ck.weight.qweight, q.weight.qweight)
+    with pytest.raises(ValueError, match="not disjoint"):
+        bad = pairs.clone()
+        bad[0, 1] = bad[0, 0]
+        paroquant.rotation_from_checkpoint(bad, theta, cs)
+
+
+def test_nvfp4_codes_scales_and_round_trip():
+    x = torch.randn(4, 64, generator=_gen(7))
+    x[1] = 0.0
+    for per_row in (False, True):
+        packed, sf, alpha = reference.nvfp4_quantize(x, per_row=per_row)
+        assert packed.shape == (4, 32) and sf.shape == (4, 4) and sf.dtype == torch.float8_e4m3fn
+        y = reference.nvfp4_dequantize(packed, sf, alpha)
+        assert torch.equal(y[1], torch.zeros(64))
+        # each element within half the widest e2m1 step (2) of its block's scale
+        step = (sf.float() * (alpha[:, None] if per_row else alpha)).repeat_interleave(16, 1)
+        assert ((y - x).abs() <= step + 1e-6).all()
+        # values already on the grid re-quantize to the same codes and scales
+        p2, sf2, _ = reference.nvfp4_quantize(y, per_row=per_row)
+        assert torch.equal(reference.nvfp4_dequantize(p2, sf2, alpha), y)
+    a = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 100.0])
+    assert reference.e2m1_encode(a).tolist() == [0, 2, 2, 4, 4, 6, 6, 7, 7]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"fmt": "int4"}, ValueError, "fmt must be one of"),
+        ({"x": torch.randn(4, 8, dtype=torch.float64)}, TypeError, "x must have dtype"),
+        ({"x": torch.randn(8, 4).t()}, ValueError, "unit stride"),
+        ({"out": (torch.empty(4, 8, dtype=torch.int8), torch.empty(3))}, ValueError, "scales"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(kwargs, error, match):
+    args = {"x": torch.randn(4, 8), "fmt": "int8"}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        quantize_rows(args.pop("x"), args.pop("fmt"), **args)
+
+
+@pytest.mark.gpu
+def test_producers_in_a_cuda_graph_are_exact():
+    from flashrt_kernels.quant import rms_norm_quantize
+
+    x = torch.randn(16, 4096, dtype=torch.bfloat16, device="cuda")
+    w, r = torch.randn_like(x[0]), torch.randn_like(x)
+    q, s = (
+        torch.empty(16, 4096, dtype=torch.float8_e4m3fn, device="cuda"),
+        torch.empty(16, device="cuda"),
+    )
+    res = torch.empty_like(x)
+    rms_norm_quantize(x, w, 1e-6, "fp8", residual=r, out=(q, s), residual_out=res)
+    eager = q.view(torch.uint8).clone(), s.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rms_norm_quantize(x, w, 1e-6, "fp8", residual=r, out=(q, s), residual_out=res)
+    q.view(torch.uint8).zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(q.view(torch.uint8), eager[0]) and torch.equal(s, eager[1])
