@@ -1,0 +1,64 @@
+"""Torch specification of the deterministic top-K (the order every backend reproduces bit for bit).
+
+Order of the output of row ``b`` (over its valid prefix ``scores[b, :lengths[b]]``):
+- values descending; NaN ranks above +inf (as ``torch.topk`` ranks it), +inf above every finite
+  value, -inf lowest; ``-0.0`` and ``+0.0`` are equal (a tie);
+- among equal values (ties, including all NaNs of a row, whatever their payload) the lower index
+  comes first, so the ties kept at the K-th value are the lowest-indexed ones;
+- the values are the input's own elements (their bits: a NaN payload or a ``-0.0`` survives);
+- a row with fewer than ``k`` valid elements returns all of them, then pads with index ``-1`` and
+  value ``-inf`` (``PAD_INDEX`` / ``PAD_VALUE``).
+
+The rank is a total order on a 64-bit composite: the order-preserving signed 32-bit key of the
+fp32 value (bf16 / fp16 are widened exactly) in the high word, ``2**32 - 1 - index`` in the low
+word. ``order_key`` is that key; every kernel ranks by the same key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PAD_INDEX = -1
+PAD_VALUE = float("-inf")
+INT32_MAX = 2**31 - 1
+
+
+def order_key(scores: torch.Tensor) -> torch.Tensor:
+    """int32 key with ``key(a) < key(b)`` iff ``a`` ranks below ``b`` (NaN highest, -0.0 == 0.0)."""
+    f = scores.float()
+    bits = f.view(torch.int32)
+    key = torch.where(bits < 0, bits ^ INT32_MAX, bits)
+    key = torch.where(key == -1, torch.zeros_like(key), key)  # -0.0 -> +0.0
+    return torch.where(torch.isnan(f), torch.full_like(key, INT32_MAX), key)
+
+
+def composite_key(scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 rank of every element (unique per row); positions past a row's length are int64 min."""
+    b, n = scores.shape
+    idx = torch.arange(n, device=scores.device, dtype=torch.int64)
+    comp = (order_key(scores).long() << 32) | (0xFFFFFFFF - idx)[None, :]
+    if lengths is not None:
+        valid = idx[None, :] < lengths.long()[:, None]
+        comp = torch.where(valid, comp, torch.full_like(comp, -(2**63)))
+    return comp
+
+
+def topk(
+    scores: torch.Tensor, k: int, lengths: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values [B, k] scores.dtype, indices [B, k] int32) in the order described above."""
+    b, n = scores.shape
+    comp = composite_key(scores, lengths)
+    kk = min(k, n)
+    top = torch.sort(comp, dim=1, descending=True).values[:, :kk]
+    idx = 0xFFFFFFFF - (top & 0xFFFFFFFF)
+    lens = torch.full((b,), n, device=scores.device) if lengths is None else lengths.long()
+    live = torch.arange(kk, device=scores.device)[None, :] < lens.clamp(max=n)[:, None]
+    safe = torch.where(live, idx, torch.zeros_like(idx))
+    vals = torch.gather(scores, 1, safe) if n else scores.new_empty((b, 0))
+    vals = torch.where(live, vals, torch.full_like(vals, PAD_VALUE))
+    idx = torch.where(live, idx, torch.full_like(idx, PAD_INDEX)).to(torch.int32)
+    if kk < k:
+        vals = torch.cat([vals, vals.new_full((b, k - kk), PAD_VALUE)], 1)
+        idx = torch.cat([idx, idx.new_full((b, k - kk), PAD_INDEX)], 1)
+    return vals, idx
