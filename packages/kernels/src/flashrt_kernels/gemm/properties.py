@@ -149,8 +149,8 @@ def _check_w4a8(case) -> None:
     device = test_device()
     (k, n), s = case["shape"], case["seed"]
     x = make_values(case["kind"], (case["m"], k), torch.bfloat16, s, device)
-    w = quantize_int4(make_values("normal", (n, k), torch.float32, s + 1), pad_to=case["pad_to"])
-    w = w.to(device)
+    w = quantize_int4(make_values("normal", (n, k), torch.float32, s + 1, device),
+                      pad_to=case["pad_to"])  # fmt: skip
     want = w4a8_linear(x, w, backend="reference")
     out = poisoned_empty((case["m"], n), torch.bfloat16, device)
     if case["prologue"]:

@@ -1,0 +1,204 @@
+# ruff: noqa: B023  (every closure is timed inside the iteration that defines it)
+"""gemm benchmarks: few-row linears vs cuBLAS bf16, ``torch._scaled_mm`` fp8 rowwise and torch's
+int4 weight-only GEMM; FP8 prefill vs ``_scaled_mm`` (alone and with separate epilogue ops);
+quantizing producers vs their bandwidth floor; a small tile sweep. Protocol: benchmarking.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
+from flashrt_kernels.gemm.few_rows import linear
+from flashrt_kernels.gemm.fp8_linear import fp8_linear
+from flashrt_kernels.gemm.w4a8 import w4a8_linear
+from flashrt_kernels.quant.int4 import make_int4_weight
+from flashrt_kernels.quant.reference import quantize_int4_groups
+from flashrt_kernels.quant.rows import quantize_rows, rms_norm_quantize, silu_mul_quantize
+from flashrt_kernels.registry import register_benchmark
+
+SHAPES = ((2048, 2560), (2048, 22016), (11008, 2048), (4096, 6144), (4096, 24576),
+          (12288, 4096), (2048, 151936), (4096, 155697))  # fmt: skip
+ROWS = (1, 16, 64)
+REP_MS = 50
+
+
+def _t(calls) -> float:
+    return time_graph_us(calls, rep_ms=REP_MS)
+
+
+def _int4_weight(n, k):
+    w = torch.randn(n, k, device="cuda")
+    codes, scales, zeros = quantize_int4_groups(w)
+    return make_int4_weight(codes, scales, zeros, pad_to=32)
+
+
+def _torch_int4(n, k):
+    wi = torch.randint(0, 16, (n, k // 2), dtype=torch.uint8, device="cuda")
+    packed = torch.ops.aten._convert_weight_to_int4pack(wi, 8)
+    sz = torch.randn(k // 128, n, 2, device="cuda", dtype=torch.bfloat16)
+    return packed, sz
+
+
+def _few_rows_shape(k, n, rows):
+    out = []
+    bf = [
+        torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(rotation(2 * n * k))
+    ]
+    i8 = [quantize_rows(w, "int8") for w in bf[: rotation(n * k)]]
+    f8 = [quantize_rows(w, "fp8") for w in bf[: rotation(n * k)]]
+    w4 = [_int4_weight(n, k) for _ in range(rotation(n * k // 2))]
+    try:
+        ti4 = [_torch_int4(n, k) for _ in range(rotation(n * k // 2))]
+    except Exception:  # torch without the int4 weight-only kernel on this device
+        ti4 = None
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = quantize_rows(x, "int8")
+        x8, x8s = quantize_rows(x, "fp8")
+        y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        t_cublas = _t([lambda w=w: F.linear(x, w) for w in bf])
+        t_bf16 = _t([lambda w=w: linear(x, w, out=y) for w in bf])
+        t_i8 = _t([lambda w=w: linear(x, w[0], w[1], out=y) for w in i8])
+        t_f8 = _t([lambda w=w: linear(x, w[0], w[1], out=y) for w in f8])
+        sa = x8s[:, None]
+        t_smm = _t([lambda w=w: torch._scaled_mm(x8, w[0].t(), scale_a=sa, scale_b=w[1][None, :],
+                                                 out_dtype=torch.bfloat16) for w in f8])  # fmt: skip
+        t_w4 = _t([lambda w=w: w4a8_linear(xq=xq, xs=xs, weight=w, out=y) for w in w4])
+        t_w4p = _t([lambda w=w: w4a8_linear(x, w, out=y) for w in w4])
+        t_ti4 = float("nan")
+        if ti4 is not None:
+            t_ti4 = _t([lambda p=p: torch.ops.aten._weight_int4pack_mm(x, p[0], 128, p[1])
+                        for p in ti4])  # fmt: skip
+        fl16, fl8 = floor_us(2 * n * k), floor_us(n * k)
+        fl4 = floor_us(n * k // 2 + 3 * n * (k // 128))
+        out.append({
+            "K": k, "N": n, "M": m, "cublas_us": t_cublas, "bf16_us": t_bf16,
+            "bf16_floor_frac": fl16 / t_bf16, "cublas_floor_frac": fl16 / t_cublas,
+            "x_cublas_bf16": t_cublas / t_bf16, "w8a16_int8_us": t_i8, "w8a16_fp8_us": t_f8,
+            "w8_floor_frac": fl8 / t_i8, "x_cublas_w8": t_cublas / t_i8, "scaled_mm_us": t_smm,
+            "w4a8_us": t_w4, "w4a8_prologue_us": t_w4p, "w4_floor_frac": fl4 / t_w4,
+            "x_cublas_w4a8": t_cublas / t_w4, "torch_int4_us": t_ti4, "x_torch_int4": t_ti4 / t_w4,
+            "floor16_us": fl16,
+        })  # fmt: skip
+    return out
+
+
+@register_benchmark(
+    "gemm", "gemm", "few-row linears (bf16, W8A16, W4A8) vs cuBLAS / scaled_mm / int4"
+)
+def run(quick: bool = False) -> list[dict]:
+    rows_out = []
+    for k, n in SHAPES:
+        rows_out += _few_rows_shape(k, n, ROWS[:2] if quick else ROWS)
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+@register_benchmark("gemm_prefill", "gemm", "FP8 W8A8 prefill GEMM vs torch._scaled_mm")
+def run_prefill(quick: bool = False) -> list[dict]:
+    out = []
+    shapes = ((4096, 6144), (4096, 24576), (12288, 4096), (1152, 4304))
+    for k, n in shapes[:2] if quick else shapes:
+        w8, ws = quantize_rows(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "fp8")
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        for m in (2048, 8192) if quick else (2048, 4096, 8192):
+            x8, xs = quantize_rows(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), "fp8")
+            res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            sa, sb = xs[:, None], ws[None, :]
+
+            def smm():
+                return torch._scaled_mm(
+                    x8, w8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
+                )
+
+            def smm_epi():
+                return F.gelu(smm() + bias, approximate="tanh") + res
+
+            t_smm, t_smm_e = _t([smm]), _t([smm_epi])
+            t_ours = _t([lambda: fp8_linear(x8, xs, w8, ws, out=y)])
+            t_ours_e = _t([lambda: fp8_linear(x8, xs, w8, ws, bias=bias, residual=res,
+                                              activation="gelu_tanh", out=y)])  # fmt: skip
+            tf = 2 * m * n * k / 1e6
+            out.append({
+                "M": m, "K": k, "N": n, "ours_us": t_ours, "scaled_mm_us": t_smm,
+                "x_scaled_mm": t_smm / t_ours, "ours_tflops": tf / t_ours,
+                "scaled_mm_tflops": tf / t_smm, "ours_epilogue_us": t_ours_e,
+                "scaled_mm+ops_us": t_smm_e, "x_scaled_mm+ops": t_smm_e / t_ours_e,
+            })  # fmt: skip
+    return out
+
+
+@register_benchmark("gemm_producers", "gemm", "RMSNorm / SiLU-mul -> INT8 / FP8 rows vs floor")
+def run_producers(quick: bool = False) -> list[dict]:
+    out = []
+    for cols in (2048, 4096):
+        w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+        for rows in (1, 16, 4096) if quick else (1, 16, 1024, 4096, 16384):
+            for fmt in ("int8", "fp8"):
+                nbytes = rows * cols * (2 + 2 + 2 + 1) + rows * 4
+                sets = [(torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16),
+                         torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16))
+                        for _ in range(rotation(nbytes))]  # fmt: skip
+                q = torch.empty(rows, cols, dtype=torch.int8 if fmt == "int8" else
+                                torch.float8_e4m3fn, device="cuda")  # fmt: skip
+                s, ro = torch.empty(rows, device="cuda"), torch.empty_like(sets[0][0])
+                t_rms = _t([lambda a=a: rms_norm_quantize(a[0], w, 1e-6, fmt, residual=a[1],
+                            out=(q, s), residual_out=ro) for a in sets])  # fmt: skip
+                gnb = rows * cols * (4 + 1) + rows * 4
+                gus = [torch.randn(rows, 2 * cols, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(rotation(gnb))]  # fmt: skip
+                t_silu = _t([lambda g=g: silu_mul_quantize(g, fmt, out=(q, s)) for g in gus])
+                out.append({
+                    "cols": cols, "rows": rows, "fmt": fmt, "rms_norm_q_us": t_rms,
+                    "rms_floor_frac": floor_us(nbytes) / t_rms, "silu_mul_q_us": t_silu,
+                    "silu_floor_frac": floor_us(gnb) / t_silu,
+                })  # fmt: skip
+    return out
+
+
+@register_benchmark("gemm_tune", "gemm", "few-row tile / split sweep (bf16 and W4A8, M = 16)")
+def run_tune(quick: bool = False) -> list[dict]:
+    out = []
+    m = 16
+    for k, n in ((2048, 22016), (11008, 2048), (2048, 2560)):
+        bf = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            for _ in range(rotation(2 * n * k))
+        ]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        for bn in (16, 32, 64):
+            for bk, stages in ((128, 4), (256, 3)):
+                for split in (1, 4):
+                    cfg = {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4,
+                           "num_stages": stages}  # fmt: skip
+                    try:
+                        t = _t([lambda w=w: linear(x, w, out=y, config=cfg) for w in bf])
+                    except Exception as err:  # out of shared memory etc.
+                        t = float("nan")
+                        print("config failed", cfg, str(err)[:80])
+                    out.append({"op": "bf16", "K": k, "N": n, "BLOCK_N": bn, "BLOCK_K": bk,
+                                "stages": stages, "split": split, "us": t,
+                                "floor_frac": floor_us(2 * n * k) / t})  # fmt: skip
+        del bf
+        w4 = [_int4_weight(n, k) for _ in range(rotation(n * k // 2))]
+        xq, xs = quantize_rows(x, "int8")
+        for bn in (32, 64):
+            for split in (1, 2, 4):
+                for warps, stages in ((4, 4), (8, 3)):
+                    cfg = {"BLOCK_N": bn, "SPLIT_K": split, "num_warps": warps,
+                           "num_stages": stages}  # fmt: skip
+                    try:
+                        t = _t([lambda w=w: w4a8_linear(xq=xq, xs=xs, weight=w, out=y, config=cfg)
+                                for w in w4])  # fmt: skip
+                    except Exception as err:
+                        t = float("nan")
+                        print("config failed", cfg, str(err)[:80])
+                    out.append({"op": "w4a8", "K": k, "N": n, "BLOCK_N": bn, "warps": warps,
+                                "stages": stages, "split": split, "us": t,
+                                "floor_frac": floor_us(n * k // 2 + 3 * n * (k // 128)) / t})  # fmt: skip
+        del w4
+        torch.cuda.empty_cache()
+    return out
