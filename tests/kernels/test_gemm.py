@@ -100,3 +100,25 @@ def test_few_rows_tile_choices_agree():
     for bn, bk in ((16, 64), (64, 256), (32, 128)):
         cfg = {**launch_config(4096), "BLOCK_N": bn, "BLOCK_K": bk}
         assert torch.equal(linear(x, w, config=cfg), base), (bn, bk)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2048, 4096, 11008])
+def test_every_launch_candidate_is_faithful_and_batch_invariant(k):
+    from flashrt_kernels.gemm import few_rows, reference, w4a8
+    from flashrt_kernels.quant.int4 import quantize_int4
+
+    g = torch.Generator(device="cuda").manual_seed(k)
+    x = torch.randn(24, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(2560, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    ref = reference.linear_f64(x, w)
+    bound = 2.0**-8 * ref.abs() + k * 2.0**-22 * reference.abs_products(x, w)
+    wq = quantize_int4(w.float())
+    want4 = w4a8.w4a8_linear(x, wq, backend="reference")
+    for name, make in few_rows.CANDIDATES.items():
+        cfg = make(k)
+        y = linear(x, w, config=cfg)
+        assert ((y.double() - ref).abs() <= bound).all(), name
+        assert torch.equal(linear(x[7:9].contiguous(), w, config=cfg), y[7:9]), name
+    for name, make in w4a8.CANDIDATES.items():
+        assert torch.equal(w4a8.w4a8_linear(x, wq, config=make(k, 2560)), want4), name

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
+from flashrt_kernels.gemm import few_rows, w4a8
 from flashrt_kernels.gemm.few_rows import linear
 from flashrt_kernels.gemm.fp8_linear import fp8_linear
 from flashrt_kernels.gemm.w4a8 import w4a8_linear
@@ -58,13 +59,21 @@ def _few_rows_shape(k, n, rows):
         x8, x8s = quantize_rows(x, "fp8")
         y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         t_cublas = _t([lambda w=w: F.linear(x, w) for w in bf])
-        t_bf16 = _t([lambda w=w: linear(x, w, out=y) for w in bf])
+        cand = {}
+        for name, make in few_rows.CANDIDATES.items():
+            cfg = make(k)
+            cand[f"bf16[{name}]_us"] = _t([lambda w=w: linear(x, w, out=y, config=cfg) for w in bf])
+        t_bf16 = cand[f"bf16[{few_rows.DEFAULT}]_us"]
         t_i8 = _t([lambda w=w: linear(x, w[0], w[1], out=y) for w in i8])
         t_f8 = _t([lambda w=w: linear(x, w[0], w[1], out=y) for w in f8])
         sa = x8s[:, None]
         t_smm = _t([lambda w=w: torch._scaled_mm(x8, w[0].t(), scale_a=sa, scale_b=w[1][None, :],
                                                  out_dtype=torch.bfloat16) for w in f8])  # fmt: skip
-        t_w4 = _t([lambda w=w: w4a8_linear(xq=xq, xs=xs, weight=w, out=y) for w in w4])
+        for name, make in w4a8.CANDIDATES.items():
+            cfg = make(k, n)
+            cand[f"w4a8[{name}]_us"] = _t([lambda w=w: w4a8_linear(xq=xq, xs=xs, weight=w, out=y,
+                                                                   config=cfg) for w in w4])  # fmt: skip
+        t_w4 = cand[f"w4a8[{w4a8.DEFAULT}]_us"]
         t_w4p = _t([lambda w=w: w4a8_linear(x, w, out=y) for w in w4])
         t_ti4 = float("nan")
         if ti4 is not None:
@@ -79,7 +88,7 @@ def _few_rows_shape(k, n, rows):
             "w8_floor_frac": fl8 / t_i8, "x_cublas_w8": t_cublas / t_i8, "scaled_mm_us": t_smm,
             "w4a8_us": t_w4, "w4a8_prologue_us": t_w4p, "w4_floor_frac": fl4 / t_w4,
             "x_cublas_w4a8": t_cublas / t_w4, "torch_int4_us": t_ti4, "x_torch_int4": t_ti4 / t_w4,
-            "floor16_us": fl16,
+            "floor16_us": fl16, "floor8_us": fl8, "floor4_us": fl4, **cand,
         })  # fmt: skip
     return out
 
@@ -158,47 +167,32 @@ def run_producers(quick: bool = False) -> list[dict]:
     return out
 
 
-@register_benchmark("gemm_tune", "gemm", "few-row tile / split sweep (bf16 and W4A8, M = 16)")
-def run_tune(quick: bool = False) -> list[dict]:
-    out = []
-    m = 16
-    for k, n in ((2048, 22016), (11008, 2048), (2048, 2560)):
-        bf = [
-            torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            for _ in range(rotation(2 * n * k))
-        ]
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        for bn in (16, 32, 64):
-            for bk, stages in ((128, 4), (256, 3)):
-                for split in (1, 4):
-                    cfg = {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4,
-                           "num_stages": stages}  # fmt: skip
-                    try:
-                        t = _t([lambda w=w: linear(x, w, out=y, config=cfg) for w in bf])
-                    except Exception as err:  # out of shared memory etc.
-                        t = float("nan")
-                        print("config failed", cfg, str(err)[:80])
-                    out.append({"op": "bf16", "K": k, "N": n, "BLOCK_N": bn, "BLOCK_K": bk,
-                                "stages": stages, "split": split, "us": t,
-                                "floor_frac": floor_us(2 * n * k) / t})  # fmt: skip
-        del bf
-        w4 = [_int4_weight(n, k) for _ in range(rotation(n * k // 2))]
-        xq, xs = quantize_rows(x, "int8")
-        for bn in (32, 64):
-            for split in (1, 2, 4):
-                for warps, stages in ((4, 4), (8, 3)):
-                    cfg = {"BLOCK_N": bn, "SPLIT_K": split, "num_warps": warps,
-                           "num_stages": stages}  # fmt: skip
-                    try:
-                        t = _t([lambda w=w: w4a8_linear(xq=xq, xs=xs, weight=w, out=y, config=cfg)
-                                for w in w4])  # fmt: skip
-                    except Exception as err:
-                        t = float("nan")
-                        print("config failed", cfg, str(err)[:80])
-                    out.append({"op": "w4a8", "K": k, "N": n, "BLOCK_N": bn, "warps": warps,
-                                "stages": stages, "split": split, "us": t,
-                                "floor_frac": floor_us(n * k // 2 + 3 * n * (k // 128)) / t})  # fmt: skip
-        del w4
-        torch.cuda.empty_cache()
-    return out
+def main() -> None:
+    """``python -m flashrt_kernels.gemm.bench --out DIR [--quick] NAME...`` (no registry import
+    of other families)."""
+    import argparse
+
+    from flashrt_kernels.benchmarking import markdown_table, write_results
+
+    table = {"gemm": run, "gemm_prefill": run_prefill, "gemm_producers": run_producers}
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("names", nargs="+", choices=sorted(table))
+    args = ap.parse_args()
+    for name in args.names:
+        if name == "gemm":  # written shape by shape, so a time limit keeps what was measured
+            rows = []
+            for k, n in SHAPES:
+                rows += _few_rows_shape(k, n, ROWS[:2] if args.quick else ROWS)
+                torch.cuda.empty_cache()
+                write_results(name, rows, args.out)
+                print(markdown_table(rows[-3:]), flush=True)
+        else:
+            rows = table[name](quick=args.quick)
+            write_results(name, rows, args.out)
+            print(markdown_table(rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()
