@@ -1,0 +1,104 @@
+"""Engine options, their numerics contracts, and the named presets ``reference`` and ``fast``.
+
+| option | values | contract |
+| --- | --- | --- |
+| ``attention_kernel`` | "reference" | masked softmax attention in torch (the specification) |
+| ``vision_kernel`` | "reference" | per-window / per-image attention in torch |
+| ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
+| ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
+| ``gpu_preprocess`` | bool | exact: the same bytes as the CPU Pillow path |
+| ``packed_prefill`` | False | (not built yet: True is rejected) |
+| ``grammar_tree_budget`` | 0..256 | exact acceptance: greedy tokens identical to plain greedy up to the |
+|  |  | forward's float rounding (bitwise with batch-invariant kernels); sampling distribution |
+|  |  | unchanged |
+| ``batch_size`` | >= 1 | rows replayed together; with reference kernels a row's numbers depend on |
+|  |  | the batch's padded shape only through float rounding |
+| ``constrain_to_grammar`` | bool | benchmarks with random weights: logits outside the grammar masked |
+| sampling | do_sample, temperature, top_p, repetition_penalty, seed | HF's order |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from flashrt_activevln.speculation import Sampling
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Options:
+    attention_kernel: str = "reference"
+    vision_kernel: str = "reference"
+    decode_linear: str = "reference"
+    rms_norm_kernel: bool = False
+    gpu_preprocess: bool = False
+    packed_prefill: bool = False
+    grammar_tree_budget: int = 0
+    batch_size: int = 1
+    constrain_to_grammar: bool = False
+    dataset: str = "r2r"
+    max_new_tokens: int = 32
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        for name, allowed in (
+            ("attention_kernel", ("reference",)),
+            ("vision_kernel", ("reference",)),
+            ("decode_linear", ("reference",)),
+            ("dataset", ("r2r", "rxr")),
+            ("dtype", tuple(DTYPES)),
+        ):
+            v = getattr(self, name)
+            if v not in allowed:
+                raise ValueError(f"option {name}={v!r}: expected one of {list(allowed)}")
+        if self.packed_prefill:
+            raise ValueError("option packed_prefill=True: packed prefill is not built yet")
+        if (
+            not isinstance(self.grammar_tree_budget, int)
+            or not 0 <= self.grammar_tree_budget <= 256
+        ):
+            raise ValueError(
+                f"option grammar_tree_budget={self.grammar_tree_budget!r}: expected an int in [0, 256]"
+            )
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"option batch_size={self.batch_size!r}: expected an int >= 1")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"option max_new_tokens={self.max_new_tokens!r}: expected an int >= 1")
+        if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0):
+            raise ValueError("options temperature / top_p only apply with do_sample=True")
+        Sampling(self.do_sample, self.temperature, self.top_p, self.repetition_penalty)
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.do_sample, self.temperature, self.top_p, self.repetition_penalty)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+PRESETS = {
+    "reference": Options(),
+    "fast": Options(
+        rms_norm_kernel=True, gpu_preprocess=True, grammar_tree_budget=32, batch_size=8
+    ),
+}
+
+
+def preset(name: str, **overrides) -> Options:
+    """A named preset with option overrides; unknown names and options raise ValueError."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: expected one of {sorted(PRESETS)}")
+    known = {f.name for f in fields(Options)}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ValueError(f"unknown option(s) {bad}: expected some of {sorted(known)}")
+    return replace(PRESETS[name], **overrides)

@@ -1,0 +1,314 @@
+"""Batched episode replay.
+
+B rows, each replaying one episode: one reply per frame, the whole history (earlier frames and
+replies) kept in that row's KV. When an episode ends, the next waiting one takes its row from
+slot 0; nothing is cleared, since a row's query never sees a slot past its own tokens.
+
+One forward per step for all rows: a row that starts a turn feeds its pending tokens and the turn
+(prefill: its frame's vision embeddings scattered into the image tokens); a row inside a reply
+feeds its last token. Either way the row's draft tree (grammar trie, ``grammar_tree_budget``
+nodes) rides along after it; the accepted nodes' K/V are then moved down behind the committed
+prefix (incremental commit: only the accepted nodes are copied).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from flashrt_activevln.grammar import GrammarTrie, Node, parse_actions
+from flashrt_activevln.model import Ops, Qwen25VL
+from flashrt_activevln.presets import Options
+from flashrt_activevln.processor import ActiveVLNProcessor
+from flashrt_activevln.speculation import sample_plain, verify_greedy, verify_sample
+
+
+@dataclass
+class Episode:
+    id: str
+    instruction: str
+    frames: list  # uint8 HxWx3 arrays, or image file paths read when needed
+
+
+@dataclass
+class Reply:
+    episode: str
+    frame: int
+    row: int
+    tokens: list[int]
+    text: str
+    actions: list
+    forwards: int
+
+
+@dataclass
+class _Row:
+    episode: Episode
+    seed: int
+    frame: int = 0
+    length: int = 0  # committed KV slots
+    pos: int = 0  # next M-RoPE position
+    next_pos: int = 0  # the position after this step's chain
+    pending: list[int] = field(default_factory=list)
+    starting: bool = True  # the next forward starts a turn
+    node: Node | None = None
+    reply: list[int] = field(default_factory=list)
+    history: list[int] = field(default_factory=list)
+    forwards: int = 0
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class Stats:
+    frames: int = 0
+    replies_forwards: int = 0
+    forwards: int = 0
+    seconds: dict = field(
+        default_factory=lambda: {"preprocess": 0.0, "vision": 0.0, "prefill": 0.0, "decode": 0.0}
+    )
+
+    def as_dict(self) -> dict:
+        fr = max(self.frames, 1)
+        total = sum(self.seconds.values())
+        return {
+            "frames": self.frames,
+            "forwards": self.forwards,
+            "decode_forwards_per_reply": self.replies_forwards / fr,
+            "frames_per_second": self.frames / total if total else 0.0,
+            "ms_per_frame": {k: 1000 * v / fr for k, v in self.seconds.items()},
+        }
+
+
+def load_frame(frame) -> np.ndarray:
+    if isinstance(frame, np.ndarray):
+        return frame
+    from PIL import Image
+
+    with Image.open(frame) as im:
+        return np.array(im.convert("RGB"))
+
+
+class Engine:
+    def __init__(self, model: Qwen25VL, processor: ActiveVLNProcessor, options: Options):
+        self.model, self.proc, self.opt = model, processor, options
+        cfg = model.cfg
+        self.eos = cfg.eos_token_ids[0]
+        self.eos_set = set(cfg.eos_token_ids)
+        self.trie = GrammarTrie.from_tokenizer(processor.tok, options.dataset, self.eos)
+        self.sampling = options.sampling
+        self.pool = None
+        self.stats = Stats()
+        self.on_reply = None  # optional callback(Reply)
+
+    @staticmethod
+    def ops_for(options: Options) -> Ops:
+        return Ops(rms_norm="kernel" if options.rms_norm_kernel else "reference")
+
+    def _sync(self):
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def capacity(self, episodes: list[Episode]) -> int:
+        """KV slots per row: the longest episode (frames are assumed to share the first one's
+        size) plus one step's padded queries."""
+        need, widest = 0, 0
+        extra = self.opt.max_new_tokens + 2
+        for ep in episodes:
+            h, w = load_frame(ep.frames[0]).shape[:2]
+            first = len(self.proc.turn(ep.instruction, True, h, w).ids)
+            later = len(self.proc.turn(ep.instruction, False, h, w).ids)
+            need = max(need, first + extra + (len(ep.frames) - 1) * (later + extra))
+            widest = max(widest, first, later)
+        return need + widest + self.opt.grammar_tree_budget + 2
+
+    def release_row(self, row: int) -> None:
+        """Called when a row's episode ends (a hook for tests)."""
+
+    def replay(self, episodes: list[Episode]) -> list[Reply]:
+        b = self.opt.batch_size
+        self.pool = self.model.new_pool(b, self.capacity(episodes))
+        queue = deque(enumerate(episodes))
+        rows: list[_Row | None] = [None] * b
+        out: list[Reply] = []
+
+        def fill():
+            for r in range(b):
+                if rows[r] is None and queue:
+                    idx, ep = queue.popleft()
+                    g = torch.Generator().manual_seed(self.opt.seed * 100003 + idx)
+                    rows[r] = _Row(ep, seed=idx, node=self.trie.root, generator=g)
+
+        fill()
+        while any(rows):
+            self._step(rows, out)
+            for r in range(b):
+                row = rows[r]
+                if row is not None and row.frame == len(row.episode.frames):
+                    rows[r] = None
+                    self.release_row(r)
+            fill()
+        return out
+
+    def _drafts(self, row: _Row) -> tuple[list[Node], list[int]]:
+        room = self.opt.max_new_tokens - len(row.reply) - 1
+        return self.trie.draft(row.node, min(self.opt.grammar_tree_budget, max(room, 0)))
+
+    def _step(self, rows: list[_Row | None], out: list[Reply]) -> None:
+        dev = self.model.device
+        b = len(rows)
+        t0 = time.perf_counter()
+        turns, pix, grids = {}, [], []
+        for r, row in enumerate(rows):
+            if row is not None and row.starting:
+                frame = load_frame(row.episode.frames[row.frame])
+                if self.opt.gpu_preprocess:
+                    pv, grid = self.proc.gpu_preprocess(torch.from_numpy(frame).to(dev))
+                else:
+                    pv, grid = self.proc.preprocess_cpu(frame)
+                h, w = frame.shape[:2]
+                turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, h, w)
+                pix.append(pv.to(dev))
+                grids.append(grid)
+        self._sync()
+        t1 = time.perf_counter()
+        image = self.model.vision(torch.cat(pix), grids) if pix else None
+        self._sync()
+        t2 = time.perf_counter()
+
+        chains, chain_pos, drafts = [], [], []
+        for r, row in enumerate(rows):
+            if row is None:
+                chains.append([0])
+                chain_pos.append(torch.zeros(3, 1, dtype=torch.long))
+                drafts.append(([], []))
+                continue
+            if row.starting:
+                turn = turns[r]
+                ids = row.pending + list(turn.ids)
+                k = len(row.pending)
+                lead = torch.arange(row.pos, row.pos + k).expand(3, k)
+                pos = torch.cat([lead, turn.positions + row.pos + k], dim=1)
+                row.next_pos = row.pos + k + turn.span
+            else:
+                ids = row.pending
+                pos = torch.full((3, 1), row.pos, dtype=torch.long)
+                row.next_pos = row.pos + 1
+            chains.append(ids)
+            chain_pos.append(pos)
+            drafts.append(self._drafts(row))
+        q = max(len(c) + len(d[0]) for c, d in zip(chains, drafts, strict=True))
+        ids_t = torch.zeros(b, q, dtype=torch.long)
+        pos_t = torch.zeros(3, b, q, dtype=torch.long)
+        vis = torch.eye(q, dtype=torch.bool).repeat(b, 1, 1)
+        for r, (chain, (nodes, parents)) in enumerate(zip(chains, drafts, strict=True)):
+            c = len(chain)
+            ids_t[r, :c] = torch.tensor(chain)
+            pos_t[:, r, :c] = chain_pos[r]
+            vis[r, :c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
+            for i, (node, parent) in enumerate(zip(nodes, parents, strict=True)):
+                j = c + i
+                ids_t[r, j] = node.token
+                pos_t[:, r, j] = rows[r].next_pos - 1 + node.depth - rows[r].node.depth
+                vis[r, j, :c] = True
+                if parent >= 0:
+                    vis[r, j] |= vis[r, c + parent]
+        lengths = torch.tensor([row.length if row else 0 for row in rows], dtype=torch.long)
+        ids_d = ids_t.to(dev)
+        hidden = self.model.decode(
+            self.model.embed(ids_d, image), pos_t.to(dev), self.pool, lengths.to(dev), vis.to(dev)
+        )
+        self.stats.forwards += 1
+        for r, row in enumerate(rows):
+            if row is not None:
+                self._verify(r, row, chains[r], drafts[r], hidden[r], out)
+        self._sync()
+        t3 = time.perf_counter()
+        s = self.stats.seconds
+        s["preprocess"] += t1 - t0
+        s["vision"] += t2 - t1
+        s["prefill" if turns else "decode"] += t3 - t2
+
+    def _constrain(self, logits: torch.Tensor, nodes: list[Node | None]) -> torch.Tensor:
+        out = torch.full_like(logits, float("-inf"))
+        for i, n in enumerate(nodes):
+            if n is None or not n.children:
+                out[i] = logits[i]
+            else:
+                idx = torch.tensor(list(n.children), device=logits.device)
+                out[i, idx] = logits[i, idx]
+        return out
+
+    def _verify(self, r, row: _Row, chain, draft, hidden, out) -> None:
+        nodes, parents = draft
+        c = len(chain)
+        idx = torch.tensor([c - 1] + [c + i for i in range(len(nodes))], device=hidden.device)
+        logits = self.model.logits(hidden[idx])
+        if logits.dtype != torch.float64:
+            logits = logits.float()
+        if self.opt.constrain_to_grammar:
+            logits = self._constrain(logits, [row.node] + nodes)
+        tokens = [n.token for n in nodes]
+        row.history += chain
+        if self.sampling.do_sample:
+            if nodes:
+                acc, bonus = verify_sample(
+                    logits, tokens, parents, self.sampling, row.generator, row.history
+                )
+            else:
+                acc, bonus = [], sample_plain(logits[0], self.sampling, row.generator, row.history)
+        else:
+            acc, bonus = verify_greedy(logits, tokens, parents)
+        start = row.length + c
+        self.pool.commit(
+            r, start, torch.tensor(acc, dtype=torch.long, device=hidden.device) + start
+        )
+        row.length = start + len(acc)
+        row.pos = row.next_pos + len(acc)
+        row.forwards += 1
+        row.starting = False
+        accepted = [tokens[i] for i in acc]
+        row.history += accepted
+        emitted = accepted + [bonus]
+        pending = [bonus]
+        for k, t in enumerate(emitted):
+            if t in self.eos_set:
+                emitted = emitted[: k + 1]
+                pending = [bonus] if k == len(accepted) else []
+                break
+        for t in emitted:
+            row.node = self.trie.step(row.node, t)
+        row.reply += emitted
+        row.pending = pending
+        done = emitted[-1] in self.eos_set
+        if not done and len(row.reply) >= self.opt.max_new_tokens:
+            row.pending = [bonus, self.eos]
+            done = True
+        if done:
+            self._finish(r, row, out)
+
+    def _finish(self, r, row: _Row, out) -> None:
+        body = [t for t in row.reply if t not in self.eos_set]
+        text = self.proc.decode(body)
+        rep = Reply(
+            episode=row.episode.id,
+            frame=row.frame,
+            row=r,
+            tokens=list(row.reply),
+            text=text,
+            actions=parse_actions(text, self.opt.dataset),
+            forwards=row.forwards,
+        )
+        out.append(rep)
+        if self.on_reply is not None:
+            self.on_reply(rep)
+        self.trie.observe(row.reply)
+        self.stats.frames += 1
+        self.stats.replies_forwards += row.forwards
+        row.reply, row.forwards = [], 0
+        row.frame += 1
+        row.starting = True
+        row.node = self.trie.root
