@@ -21,10 +21,10 @@ from flashrt_kernels.attention import reference
 from flashrt_kernels.attention.decode import (
     DTYPES,
     MAX_HEAD_DIM,
-    launch_gqa_tiles,
     validate_cache,
     validate_lengths,
 )
+from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import (
     check_float,
@@ -55,7 +55,8 @@ def _validate(q, k_cache, v_cache, cu_seqlens, cache_lens, max_seqlen, cache_row
         check_float(OP, "scale", scale, positive=True)
     if out is not None:
         check_out(OP, "out", out, shape=q.shape, dtype=q.dtype, device=q.device)
-        check_no_alias(OP, [("out", out), ("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            check_no_alias(OP, [("out", out), (name, t)])
 
 
 def packed_prefill_attention_into(q, k_cache, v_cache, cu_seqlens, cache_lens, max_seqlen,

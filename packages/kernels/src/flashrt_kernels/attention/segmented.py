@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from flashrt_kernels.attention import reference
-from flashrt_kernels.attention.decode import DTYPES, LOG2E, MAX_HEAD_DIM, _round_to
+from flashrt_kernels.attention.decode import DTYPES, MAX_HEAD_DIM
+from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_float, check_int, check_no_alias, check_out, check_tensor
 
@@ -158,7 +159,8 @@ def _validate(q, k, v, cu_seqlens, max_seqlen, scale, out):
         check_float(OP, "scale", scale, positive=True)
     if out is not None:
         check_out(OP, "out", out, shape=q.shape, dtype=q.dtype, device=q.device)
-        check_no_alias(OP, [("out", out), ("q", q), ("k", k), ("v", v)])
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_no_alias(OP, [("out", out), (name, t)])
 
 
 def segmented_attention_into(q, k, v, cu_seqlens, max_seqlen, scale, out, backend) -> None:

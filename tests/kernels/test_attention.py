@@ -1,0 +1,212 @@
+import pytest
+import torch
+
+from flashrt_kernels.attention import (
+    KVPool,
+    gqa_attention,
+    pack_tree_mask,
+    packed_prefill_attention,
+    reference,
+    segmented_attention,
+    workspace_numel,
+)
+from flashrt_kernels.attention.properties import random_tree_mask
+from flashrt_kernels.registry import properties
+
+PROPS = properties()
+_NAMES = (
+    "gqa_attention.matches_reference",
+    "gqa_attention.batch_invariant",
+    "packed_prefill_attention.matches_reference_and_rows_alone",
+    "segmented_attention.matches_reference_and_independent",
+)
+for _name in _NAMES:
+    _short = _name.replace(".", "_")
+    globals()[f"test_{_short}"] = PROPS[_name].test("small")
+    globals()[f"test_{_short}_gpu"] = pytest.mark.gpu(PROPS[_name].test("real"))
+
+BF16 = torch.bfloat16
+
+
+def _lens(*xs):
+    return torch.tensor(xs, dtype=torch.int32)
+
+
+def test_tree_mask_packing_round_trips():
+    m = torch.stack([random_tree_mask(40, d, s) for d, s in ((1, 0), (8, 1), (3, 2))])
+    assert torch.equal(reference.unpack_tree_mask(pack_tree_mask(m), 40), m)
+    assert m[1].sum(1).max() <= 8 and m[0].sum(1).max() <= 2
+
+
+def test_reference_tree_with_chain_mask_equals_causal():
+    q = torch.randn(2, 6, 4, 64, dtype=BF16)
+    k = torch.randn(2, 50, 2, 64, dtype=BF16)
+    v = torch.randn_like(k)
+    cl, ql = _lens(10, 40), _lens(6, 3)
+    chain = torch.tril(torch.ones(6, 6, dtype=torch.bool)).expand(2, 6, 6)
+    a = reference.gqa_attention(q, k, v, cl, ql)
+    b = reference.gqa_attention(q, k, v, cl, ql, tree_mask=chain)
+    assert torch.equal(a, b)
+    assert torch.equal(a[1, 3:], torch.zeros_like(a[1, 3:]))
+
+
+def test_kv_pool_append_commit_reuse():
+    pool = KVPool(2, 3, 32, 2, 8, dtype=torch.float32)
+    r0, r1 = pool.acquire(), pool.acquire()
+    rows = torch.tensor([r1, r0], dtype=torch.int32)
+    k1 = torch.randn(2, 5, 2, 8)
+    pool.append(1, rows, k1, -k1, _lens(5, 3))
+    assert torch.equal(pool.k[1, r1, :5], k1[0]) and torch.equal(pool.k[1, r0, :3], k1[1, :3])
+    assert torch.equal(pool.v[1, r0, :3], -k1[1, :3])
+    assert pool.k[1, r0, 3:].abs().sum() == 0 and pool.k[0].abs().sum() == 0  # nothing else
+    pool.advance(rows, _lens(5, 3))
+    assert pool.lengths.tolist()[:2] == [3, 5]
+    # tree nodes after the prefix, then keep nodes 0, 2, 3 of row r1 and node 1 of row r0
+    nodes = torch.randn(2, 4, 2, 8)
+    pool.append(1, rows, nodes, nodes * 2, _lens(4, 4))
+    accepted = torch.tensor([[0, 2, 3, 0], [1, 0, 0, 0]])
+    pool.commit(1, rows, accepted, _lens(3, 1))
+    pool.advance(rows, _lens(3, 1))
+    assert torch.equal(pool.k[1, r1, 5:8], nodes[0, [0, 2, 3]])
+    assert torch.equal(pool.v[1, r1, 5:8], 2 * nodes[0, [0, 2, 3]])
+    assert torch.equal(pool.k[1, r0, 3], nodes[1, 1])
+    assert pool.lengths.tolist()[:2] == [4, 8]
+    pool.release(r0)
+    r2 = pool.acquire()
+    assert r2 == 2 and pool.lengths[r2] == 0
+    with pytest.raises(ValueError, match="already free"):
+        pool.release(r0)
+    assert pool.acquire() == r0 and pool.lengths[r0] == 0  # a finished row handed over
+
+
+def test_kv_pool_packed_append_routes_padding_to_scratch():
+    pool = KVPool(1, 2, 16, 1, 4, dtype=torch.float32)
+    pool.lengths[:] = torch.tensor([2, 7], dtype=torch.int32)
+    k = torch.arange(6 * 4, dtype=torch.float32).view(6, 1, 4)
+    token_row = torch.tensor([0, 0, 1, -1, -1, 1])
+    token_index = torch.tensor([0, 1, 0, 0, 0, 1])
+    pool.append_packed(0, torch.tensor([1, 0], dtype=torch.int32), k, k, token_row, token_index)
+    assert torch.equal(pool.k[0, 1, 7:9], k[[0, 1]]) and torch.equal(pool.k[0, 0, 2:4], k[[2, 5]])
+    assert pool.k[0, 0, 4:].abs().sum() == 0 and pool.k[0, 1, 9:].abs().sum() == 0
+
+
+def test_pool_decode_step_matches_reference():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    pool = KVPool(1, 2, 200, 2, 64, dtype=BF16, device=dev)
+    pool.k.fill_(float("nan"))
+    pool.v.fill_(float("nan"))
+    rows = torch.tensor([1, 0], dtype=torch.int32, device=dev)
+    prompt = torch.randn(2, 150, 2, 64, dtype=BF16, device=dev)
+    pool.append(0, rows, prompt, prompt.flip(1), _lens(150, 90).to(dev))
+    pool.advance(rows, _lens(150, 90).to(dev))
+    q = torch.randn(2, 1, 8, 64, dtype=BF16, device=dev)
+    kn = torch.randn(2, 1, 2, 64, dtype=BF16, device=dev)
+    pool.append(0, rows, kn, kn, _lens(1, 1).to(dev))
+    kc, vc = pool.layer(0)
+    got = gqa_attention(q, kc, vc, pool.lengths[rows.long()], _lens(1, 1).to(dev),
+                        cache_rows=rows, backend="triton")  # fmt: skip
+    for b, n in enumerate((150, 90)):
+        keys = torch.cat([prompt[b, :n], kn[b]])[None]
+        vals = torch.cat([prompt.flip(1)[b, :n], kn[b]])[None]
+        want = reference.gqa_attention(q[b : b + 1], keys, vals, _lens(n).to(dev), _lens(1).to(dev))
+        torch.testing.assert_close(got[b : b + 1], want, rtol=2**-7, atol=2**-6)
+
+
+def test_reference_backend_and_custom_ops():
+    q = torch.randn(2, 3, 4, 64, dtype=BF16)
+    k = torch.randn(2, 20, 2, 64, dtype=BF16)
+    cl, ql = _lens(5, 0), _lens(3, 2)
+    want = reference.gqa_attention(q, k, k, cl, ql)
+    assert torch.equal(gqa_attention(q, k, k, cl, ql, backend="reference"), want)
+    assert torch.equal(torch.ops.flashrt.gqa_attention(q, k, k, cl, ql, None, None, None,
+                                                       "reference"), want)  # fmt: skip
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fq = torch.empty(2, 3, 4, 64, dtype=BF16)
+        fk = torch.empty(2, 20, 2, 64, dtype=BF16)
+        fl = torch.empty(2, dtype=torch.int32)
+        assert torch.ops.flashrt.gqa_attention(fq, fk, fk, fl, fl, None, None, None,
+                                               "triton").shape == fq.shape  # fmt: skip
+        cu = torch.empty(3, dtype=torch.int32)
+        fp = torch.empty(7, 4, 64, dtype=BF16)
+        assert torch.ops.flashrt.packed_prefill_attention(fp, fk, fk, cu, fl, 4, None, None,
+                                                          "triton").shape == fp.shape  # fmt: skip
+        fs = torch.empty(7, 2, 80, dtype=BF16)
+        assert torch.ops.flashrt.segmented_attention(fs, fs, fs, cu, 4, None,
+                                                     "triton").shape == fs.shape  # fmt: skip
+
+
+def test_out_and_workspace_variant_allocates_into_given_buffers():
+    q = torch.randn(1, 2, 2, 64, dtype=BF16)
+    k = torch.randn(1, 40, 1, 64, dtype=BF16)
+    out = torch.empty_like(q)
+    ws = torch.empty(workspace_numel(1, 2, 2, 1, 64, 40))
+    got = gqa_attention(q, k, k, _lens(30), _lens(2), out=out, workspace=ws, backend="triton")
+    assert got.data_ptr() == out.data_ptr()
+    with pytest.raises(ValueError, match="workspace must hold"):
+        gqa_attention(q, k, k, _lens(30), _lens(2), out=out, workspace=ws[:10])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"q": torch.randn(1, 2, 4, 64)}, TypeError, "q must have dtype in"),
+        ({"k_cache": torch.randn(2, 40, 3, 64, dtype=BF16)}, ValueError, "multiple of kv heads"),
+        ({"k_cache": torch.randn(2, 40, 2, 32, dtype=BF16)}, ValueError, "head dim must be 64"),
+        ({"cache_lens": torch.tensor([1, 2])}, TypeError, "cache_lens must have dtype"),
+        ({"q_lens": _lens(1, 2, 3)}, ValueError, r"q_lens must have shape \[2\]"),
+        ({"tree_mask": torch.ones(2, 2, 3, dtype=torch.bool)}, ValueError, "tree_mask must have"),
+        ({"tree_mask": torch.ones(2, 2, 2)}, TypeError, "tree_mask must have dtype"),
+        ({"out": torch.empty(2, 2, 4, 64)}, TypeError, "out must have dtype"),
+        ({"scale": -1.0}, ValueError, "scale must be > 0"),
+        ({"backend": "cute"}, ValueError, "not implemented"),
+    ],
+)
+def test_gqa_bad_inputs_raise_clear_errors(kwargs, error, match):
+    args = {
+        "q": torch.randn(2, 2, 4, 64, dtype=BF16),
+        "k_cache": torch.randn(2, 40, 2, 64, dtype=BF16),
+        "v_cache": None,
+        "cache_lens": _lens(3, 4),
+        "q_lens": _lens(1, 2),
+    }
+    args.update(kwargs)
+    if args["v_cache"] is None:
+        args["v_cache"] = torch.randn_like(args["k_cache"])
+    with pytest.raises(error, match=match):
+        gqa_attention(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"),
+                      args.pop("cache_lens"), args.pop("q_lens"), **args)  # fmt: skip
+
+
+def test_segmented_and_prefill_bad_inputs():
+    q = torch.randn(10, 4, 80, dtype=BF16)
+    with pytest.raises(ValueError, match="Hkv dividing"):
+        segmented_attention(q, torch.randn(10, 3, 80, dtype=BF16), q[:, :3], _lens(0, 10), 10)
+    with pytest.raises(TypeError, match="cu_seqlens must have dtype"):
+        segmented_attention(q, q, q, torch.tensor([0, 10]), 10)
+    k = torch.randn(2, 40, 2, 80, dtype=BF16)
+    with pytest.raises(ValueError, match="max_seqlen must be >= 0"):
+        packed_prefill_attention(q, k, k, _lens(0, 4, 10), _lens(0, 1), -1)
+    with pytest.raises(ValueError, match=r"cache_lens must have shape \[2\]"):
+        packed_prefill_attention(q, k, k, _lens(0, 4, 10), _lens(0), 6)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_is_exact():
+    dev = "cuda"
+    q = torch.randn(4, 24, 16, 128, dtype=BF16, device=dev)
+    k = torch.randn(5, 3000, 2, 128, dtype=BF16, device=dev)
+    v = torch.randn_like(k)
+    cl = torch.tensor([2900, 0, 1000, 17], dtype=torch.int32, device=dev)
+    ql = torch.tensor([24, 1, 0, 13], dtype=torch.int32, device=dev)
+    mask = torch.stack([random_tree_mask(24, 8, s) for s in range(4)]).to(dev)
+    out = torch.empty_like(q)
+    ws = torch.empty(workspace_numel(4, 24, 16, 2, 128, 3000), device=dev)
+    gqa_attention(q, k, v, cl, ql, tree_mask=mask, out=out, workspace=ws)
+    eager = out.clone()
+    out.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gqa_attention(q, k, v, cl, ql, tree_mask=mask, out=out, workspace=ws)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
