@@ -1,0 +1,229 @@
+"""Attention benchmarks: ours vs ``torch.nn.functional.scaled_dot_product_attention`` in one run.
+
+- decode q=1: B in {1, 4, 8, 16} x L in {2k, 8k, 32k}, shapes 16/2 and 32/8 heads, d=128;
+- tree verification: 24 and 64 nodes with a per-row ancestor mask (SDPA gets the same mask), and
+  our own q=1 time at the same B, L for the tree/q=1 ratio;
+- vision: 44 windows of 64 patches (8 images x 352, d=80) vs SDPA over the windows batched as
+  sequences, and 16 images x 720 patches (d=72) vs per-image SDPA;
+- packed prefill vs the same rows padded to the longest through SDPA (with a mask).
+The floor is one read of K and V (plus q and the output for vision / prefill) over the measured
+copy bandwidth; ``floor_frac`` = floor / ours.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles, workspace_numel
+from flashrt_kernels.attention.properties import random_tree_mask
+from flashrt_kernels.attention.segmented import launch_segmented
+from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
+from flashrt_kernels.registry import register_benchmark
+
+SHAPES = ((16, 2), (32, 8))
+D = 128
+DT = torch.bfloat16
+DEVICE = "cuda"
+
+
+def _decode_sets(bsz, length, n, hq, hkv, with_mask, config=None):
+    """Input sets for ours ([B, cap, Hkv, d] pool layout) and SDPA ([B, H, L, d])."""
+    total = length + n
+    kv_bytes = 2 * bsz * total * hkv * D * DT.itemsize
+    sets = []
+    for s in range(rotation(kv_bytes, limit=16)):
+        q = torch.randn(bsz, n, hq, D, dtype=DT, device=DEVICE)
+        k = torch.randn(bsz, total, hkv, D, dtype=DT, device=DEVICE)
+        v = torch.randn_like(k)
+        mask = None
+        if with_mask:
+            mask = torch.stack([random_tree_mask(n, 8, 100 * s + b) for b in range(bsz)]).to(DEVICE)
+        ws = torch.empty(workspace_numel(bsz, n, hq, hkv, D, total, config), device=DEVICE)
+        sets.append((q, k, v, mask, torch.empty_like(q), ws))
+    cl = torch.full((bsz,), length, dtype=torch.int32, device=DEVICE)
+    ql = torch.full((bsz,), n, dtype=torch.int32, device=DEVICE)
+    return sets, cl, ql, kv_bytes
+
+
+def _ours_decode(sets, cl, ql, config=None):
+    calls = []
+    for q, k, v, mask, out, ws in sets:
+        mode = 0 if mask is None else 1
+        m = None if mask is None else mask.view(torch.uint8)
+
+        def call(q=q, k=k, v=v, m=m, out=out, ws=ws, mode=mode):
+            launch_gqa_tiles(q, k, v, out, cl, ql, q_starts=None, cache_rows=None, mask=m,
+                             mask_mode=mode, q_max=q.shape[1], split=True, workspace=ws,
+                             scale=D**-0.5, config=config)  # fmt: skip
+
+        calls.append(call)
+    return time_graph_us(calls)
+
+
+def _sdpa_decode(sets, length):
+    calls = []
+    for q, k, v, mask, _, _ in sets:
+        qs, ks, vs = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), None
+        vs = v.transpose(1, 2).contiguous()
+        am = None
+        if mask is not None:
+            bsz, n = mask.shape[:2]
+            am = torch.ones(bsz, 1, n, length + n, dtype=torch.bool, device=DEVICE)
+            am[:, 0, :, length:] = mask
+        calls.append(
+            lambda qs=qs, ks=ks, vs=vs, am=am: F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=am, enable_gqa=True
+            )
+        )
+    return time_graph_us(calls)
+
+
+def _decode_rows(quick):
+    rows = []
+    for hq, hkv in SHAPES:
+        for bsz in (1, 4, 8, 16):
+            for length in (2048, 8192) if quick else (2048, 8192, 32768):
+                sets, cl, ql, nbytes = _decode_sets(bsz, length - 1, 1, hq, hkv, False)
+                t = _ours_decode(sets, cl, ql)
+                ts = _sdpa_decode(sets, length - 1)
+                fl = floor_us(nbytes)
+                rows.append({"case": "decode q=1", "heads": f"{hq}/{hkv}", "B": bsz, "L": length,
+                             "ours_us": t, "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
+                             "floor_frac": fl / t})  # fmt: skip
+                del sets
+    return rows
+
+
+def _tree_rows(quick):
+    rows = []
+    cases = [(16, 2, L) for L in (2048, 8192, 32768)] + [(32, 8, 8192)]
+    for hq, hkv, length in cases[:2] if quick else cases:
+        bsz = 8
+        sets1, cl1, ql1, _ = _decode_sets(bsz, length - 1, 1, hq, hkv, False)
+        t1 = _ours_decode(sets1, cl1, ql1)
+        del sets1
+        for n in (24, 64):
+            sets, cl, ql, nbytes = _decode_sets(bsz, length, n, hq, hkv, True)
+            t = _ours_decode(sets, cl, ql)
+            ts = _sdpa_decode(sets, length)
+            fl = floor_us(nbytes)
+            rows.append({"case": f"tree {n} nodes", "heads": f"{hq}/{hkv}", "B": bsz, "L": length,
+                         "ours_us": t, "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
+                         "floor_frac": fl / t, "ours_q1_us": t1, "tree_over_q1": t / t1})  # fmt: skip
+            del sets
+    return rows
+
+
+def _vision_rows(config=None):
+    rows = []
+    for name, n_seg, seg, heads, d in (("vision windows 8x352", 44, 64, 16, 80),
+                                       ("vision per-image 16x720", 16, 720, 16, 72)):  # fmt: skip
+        t_tok = n_seg * seg
+        nbytes = 4 * t_tok * heads * d * DT.itemsize
+        flops = 4 * n_seg * seg * seg * heads * d
+        cu = torch.arange(0, t_tok + 1, seg, dtype=torch.int32, device=DEVICE)
+        sets = []
+        for _ in range(rotation(nbytes, limit=16)):
+            q, k, v = (torch.randn(t_tok, heads, d, dtype=DT, device=DEVICE) for _ in range(3))
+            sets.append((q, k, v, torch.empty_like(q)))
+        ours = [partial(launch_segmented, *x, cu, seg, d**-0.5, config) for x in sets]
+        t = time_graph_us(ours)
+        batched = []
+        for q, k, v, _ in sets:
+            qs, ks, vs = (x.view(n_seg, seg, heads, d).transpose(1, 2).contiguous()
+                          for x in (q, k, v))  # fmt: skip
+            batched.append(lambda qs=qs, ks=ks, vs=vs: F.scaled_dot_product_attention(qs, ks, vs))
+        ts = time_graph_us(batched)
+        row = {"case": name, "heads": f"{heads}/{heads}", "B": n_seg, "L": seg, "ours_us": t,
+               "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": floor_us(nbytes),
+               "floor_frac": floor_us(nbytes) / t, "tflops": flops / t * 1e-6}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _prefill_rows():
+    rows = []
+    new = [392, 120, 40, 352, 600, 88, 200, 1000]
+    for prefix in ([0] * 8, [0, 2000, 4000, 300, 0, 1000, 3000, 50]):
+        for hq, hkv in SHAPES:
+            bsz = len(new)
+            cap = max(p + n for p, n in zip(prefix, new, strict=True))
+            t_tok = sum(new)
+            cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32,
+                              device=DEVICE)  # fmt: skip
+            cl = torch.tensor(prefix, dtype=torch.int32, device=DEVICE)
+            q = torch.randn(t_tok, hq, D, dtype=DT, device=DEVICE)
+            k = torch.randn(bsz, cap, hkv, D, dtype=DT, device=DEVICE)
+            v = torch.randn_like(k)
+            out = torch.empty_like(q)
+            ours = [partial(launch_gqa_tiles, q, k, v, out, cl, None, q_starts=cu,
+                            cache_rows=None, mask=None, mask_mode=0, q_max=max(new),
+                            split=False, workspace=None, scale=D**-0.5)]  # fmt: skip
+            t = time_graph_us(ours)
+            mx = max(new)
+            qp = torch.zeros(bsz, hq, mx, D, dtype=DT, device=DEVICE)
+            for b in range(bsz):
+                qp[b, :, : new[b]] = q[int(cu[b]) : int(cu[b + 1])].transpose(0, 1)
+            kp, vp = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            qi = torch.arange(mx, device=DEVICE)[None, :, None]
+            pos = torch.arange(cap, device=DEVICE)[None, None, :]
+            am = (pos <= cl[:, None, None] + qi)[:, None]
+            sdpa = partial(
+                F.scaled_dot_product_attention, qp, kp, vp, attn_mask=am, enable_gqa=True
+            )
+            ts = time_graph_us([sdpa])
+            live = sum(p + n for p, n in zip(prefix, new, strict=True))
+            nbytes = (2 * live * hkv + 2 * t_tok * hq) * D * DT.itemsize
+            rows.append({"case": "packed prefill" + (" +prefix" if any(prefix) else ""),
+                         "heads": f"{hq}/{hkv}", "B": bsz, "L": cap, "ours_us": t, "sdpa_us": ts,
+                         "x_sdpa": ts / t, "floor_us": floor_us(nbytes),
+                         "floor_frac": floor_us(nbytes) / t})  # fmt: skip
+    return rows
+
+
+@register_benchmark("attention", "attention", "GQA decode / tree verify / vision / prefill vs SDPA")
+def run(quick: bool = False) -> list[dict]:
+    return _decode_rows(quick) + _tree_rows(quick) + _vision_rows() + _prefill_rows()
+
+
+DECODE_SWEEP = (
+    {},
+    {"num_stages": 3},
+    {"num_stages": 4},
+    {"BLOCK_N": 128},
+    {"num_warps": 8},
+    {"MIN_CHUNK": 64},
+    {"TARGET": 128},
+    {"BLOCK_M": 16},
+)
+SEG_SWEEP = (
+    {},
+    {"BLOCK_M": 128, "num_warps": 8},
+    {"BLOCK_M": 128, "num_warps": 4},
+    {"BLOCK_N": 128},
+    {"num_stages": 3},
+)
+
+
+@register_benchmark("attention_sweep", "attention", "tile-geometry sweep for the attention kernels")
+def run_sweep(quick: bool = False) -> list[dict]:
+    rows = []
+    cases = [(4, 2048, 1, 16, 2), (1, 32768, 1, 32, 8),
+             (16, 32768, 1, 32, 8), (8, 8192, 24, 16, 2), (8, 8192, 64, 16, 2)]  # fmt: skip
+    for bsz, length, n, hq, hkv in cases:
+        for cfg in DECODE_SWEEP:
+            sets, cl, ql, nbytes = _decode_sets(bsz, length - n, n, hq, hkv, n > 1, cfg)
+            t = _ours_decode(sets, cl, ql, cfg)
+            rows.append({"case": f"q={n}", "heads": f"{hq}/{hkv}", "B": bsz, "L": length,
+                         "config": str(cfg), "ours_us": t, "floor_frac": floor_us(nbytes) / t,
+                         "tflops": 0.0})  # fmt: skip
+            del sets
+    for cfg in SEG_SWEEP:
+        for r in _vision_rows(cfg):
+            rows.append({"case": r["case"], "heads": r["heads"], "B": r["B"], "L": r["L"],
+                         "config": str(cfg), "ours_us": r["ours_us"], "floor_frac": r["floor_frac"],
+                         "tflops": r["tflops"]})  # fmt: skip
+    return rows
