@@ -1,0 +1,21 @@
+"""The demo runs end to end (random checkpoint written and loaded by the real loader, synthetic
+640x480 episodes, fast preset vs reference) and reports agreement; the CLI registers."""
+
+import argparse
+
+from flashrt_activevln import cli
+
+
+def test_demo_fast_agrees_with_reference():
+    rows = cli.demo_rows(False, n_episodes=2, mean_frames=2, height=120, width=160)
+    assert rows and set(rows[0]) >= {"package", "what", "result", "detail"}
+    assert rows[0]["result"] == "PASS", rows[0]["detail"]
+
+
+def test_register_subcommands():
+    p = argparse.ArgumentParser()
+    cli.register(p.add_subparsers(dest="cmd"))
+    args = p.parse_args(["activevln", "replay", "--checkpoint", "c", "--data", "d"])
+    assert args.preset == "fast" and callable(args.func)
+    args = p.parse_args(["activevln", "bench", "--episodes", "2", "--option", "batch_size=2"])
+    assert cli._parse_overrides(args.option) == {"batch_size": 2}
