@@ -46,7 +46,7 @@ CANDIDATES = {
     "n128_p264_w8": lambda k, n: {"BLOCK_N": 128, "SPLIT_K": _split(k, n, 128, 264),
                                   "num_warps": 8, "num_stages": 3},
 }  # fmt: skip
-DEFAULT = "n32_p264"
+DEFAULT = "n128_p264_w8"
 
 
 def launch_config(k: int, n: int) -> dict:
