@@ -4,7 +4,12 @@ import torch
 from flashrt_kernels.quant import int4, paroquant, quantize_rows, reference
 from flashrt_kernels.quant.properties import PROPERTIES as PROPS
 
-NAMES = ("quantize_rows.exact", "rms_norm_quantize.exact", "silu_mul_quantize.exact")
+NAMES = (
+    "quantize_rows.exact",
+    "rms_norm_quantize.exact",
+    "silu_mul_quantize.exact",
+    "rotate_quantize_rows.exact",
+)
 for _n in NAMES:
     _op = _n.split(".")[0]
     globals()[f"test_{_op}_small"] = PROPS[_n].test("small")
@@ -145,3 +150,22 @@ def test_producers_in_a_cuda_graph_are_exact():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(q.view(torch.uint8), eager[0]) and torch.equal(s, eager[1])
+
+
+def test_paroquant_path_end_to_end_is_the_integer_reference():
+    """Rotated INT4 weights, activations rotated + quantized in one kernel, then W4A8: equal to
+    the integer reference on the rotated tensors, and close to the rotated activations times the
+    dequantized rotated weights (the INT8 activation error only)."""
+    from flashrt_kernels.gemm.w4a8 import w4a8_linear
+    from flashrt_kernels.quant.rotate_quantize import rotate_quantize_rows
+
+    pairs, theta, cs = paroquant.random_rotation(256, layers=8, seed=8)
+    rot = paroquant.rotation_from_checkpoint(pairs, theta, cs)
+    w = torch.randn(40, 256, generator=_gen(9)) * 0.1
+    rw = paroquant.quantize_rotated(w, rot, pad_to=32)
+    x = torch.randn(3, 256, generator=_gen(10)).to(torch.bfloat16)
+    xq, xs = rotate_quantize_rows(x, rot, backend="triton")
+    y = w4a8_linear(xq=xq, xs=xs, weight=rw.weight, backend="triton")
+    assert torch.equal(y, w4a8_linear(xq=xq, xs=xs, weight=rw.weight, backend="reference"))
+    want = paroquant.rotate_activations(x, rot) @ rw.weight.dequantize().t()
+    assert (y.float() - want).abs().max() < 0.03 * want.abs().max()

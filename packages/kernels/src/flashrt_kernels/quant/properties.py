@@ -123,3 +123,45 @@ PROPERTIES = {
         Property("silu_mul_quantize", "exact", _cases, _check_silu_mul_quantize, _examples),
     )
 }
+
+
+def _rot_cases(scale: str):
+    if scale == "small":
+        rows, k = sizes(1, 9), st.sampled_from((128, 256, 384))
+    else:
+        rows, k = sizes(1, 64, (1, 16, 17, 64)), st.sampled_from((2048, 4096, 11008, 12288))
+    return st.fixed_dictionaries(
+        {"rows": rows, "k": k, "layers": st.integers(1, 8), "kind": value_kinds(*KINDS),
+         "dtype": st.sampled_from((torch.bfloat16, torch.float32)), "seed": seeds()}
+    )  # fmt: skip
+
+
+def _rot_examples(scale: str):
+    k = 256 if scale == "small" else 4096
+    return [{"rows": r, "k": k, "layers": 8, "kind": "outlier", "dtype": torch.bfloat16,
+             "seed": 3} for r in (1, 5)]  # fmt: skip
+
+
+def _check_rotate_quantize(case) -> None:
+    """Channel scale + rotation layers + INT8 in one kernel == the torch specification."""
+    from flashrt_kernels.quant import paroquant
+    from flashrt_kernels.quant.rotate_quantize import rotate_quantize_rows
+
+    device = test_device()
+    k, sd = case["k"], case["seed"]
+    rot = paroquant.rotation_from_checkpoint(*paroquant.random_rotation(k, case["layers"], sd))
+    rot = paroquant.Rotation(*(t.to(device) for t in (rot.pair_i, rot.pair_j, rot.cos, rot.sin,
+                                                       rot.channel_scales)))  # fmt: skip
+    kind = case["kind"] if case["kind"] not in ("huge",) else "normal"
+    x = make_values(kind, (case["rows"], k), case["dtype"], sd + 1, device)
+    out = (poisoned_empty((case["rows"], k), torch.int8, device),
+           poisoned_empty((case["rows"],), torch.float32, device))  # fmt: skip
+    q, s = rotate_quantize_rows(x, rot, out=out, backend="triton")
+    rq, rs = reference.quantize_rows(paroquant.rotate_activations(x, rot), "int8")
+    assert_exact(q, rq, what="rotated INT8 codes")
+    assert_exact(s, rs, what="rotated row scales")
+
+
+PROPERTIES["rotate_quantize_rows.exact"] = register_property(
+    Property("rotate_quantize_rows", "exact", _rot_cases, _check_rotate_quantize, _rot_examples)
+)
