@@ -31,8 +31,11 @@ import triton.language as tl
 from flashrt_kernels.backends import triton_interpreter_active
 from flashrt_kernels.triton_helpers import cast_rne
 
-BLOCK_M = 64
-MIN_CHUNK = 128
+# Decode / tree tiles: 16 (query, head) rows (a q=1 step of a G=8 model fills half of one; 64-row
+# tiles did 4-16x wasted MMA work at q=1 and were compute-bound). Prefill uses 64-row tiles.
+BLOCK_M = 16
+PREFILL_BLOCK_M = 64
+MIN_CHUNK = 256
 TARGET_SPLITS = 64
 MAX_DOUBLINGS = 20
 # Bound vs the reference, per dtype: probabilities rounded to the dtype (relative 2^-8 / 2^-11 of

@@ -24,7 +24,7 @@ from flashrt_kernels.attention.decode import (
     validate_cache,
     validate_lengths,
 )
-from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+from flashrt_kernels.attention.gqa_kernels import PREFILL_BLOCK_M, launch_gqa_tiles
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import (
     check_float,
@@ -72,7 +72,8 @@ def packed_prefill_attention_into(q, k_cache, v_cache, cu_seqlens, cache_lens, m
         return
     launch_gqa_tiles(q, k_cache, v_cache, out, cache_lens, None, q_starts=cu_seqlens,
                      cache_rows=cache_rows, mask=None, mask_mode=0, q_max=max_seqlen,
-                     split=False, workspace=None, scale=scale)  # fmt: skip
+                     split=False, workspace=None, scale=scale,
+                     config={"BLOCK_M": PREFILL_BLOCK_M})  # fmt: skip
 
 
 def packed_prefill_attention(
