@@ -9,6 +9,7 @@ NAMES = (
     "rms_norm_quantize.exact",
     "silu_mul_quantize.exact",
     "rotate_quantize_rows.exact",
+    "quantize_rows_nvfp4.exact",
 )
 for _n in NAMES:
     _op = _n.split(".")[0]
@@ -169,3 +170,16 @@ def test_paroquant_path_end_to_end_is_the_integer_reference():
     assert torch.equal(y, w4a8_linear(xq=xq, xs=xs, weight=rw.weight, backend="reference"))
     want = paroquant.rotate_activations(x, rot) @ rw.weight.dequantize().t()
     assert (y.float() - want).abs().max() < 0.03 * want.abs().max()
+
+
+def test_quant_custom_ops_have_fakes():
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        q, s = torch.ops.flashrt.quantize_rows(torch.empty(3, 32, dtype=torch.bfloat16), "fp8",
+                                               "reference")  # fmt: skip
+        assert q.dtype == torch.float8_e4m3fn and s.shape == (3,)
+        c, sf, a = torch.ops.flashrt.quantize_rows_nvfp4(torch.empty(2, 64), "reference")
+        assert c.shape == (2, 32) and sf.shape == (2, 4) and a.shape == (2,)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    q, s = torch.ops.flashrt.quantize_rows(x, "int8", "reference")
+    rq, rs = reference.quantize_rows(x, "int8")
+    assert torch.equal(q, rq) and torch.equal(s, rs)

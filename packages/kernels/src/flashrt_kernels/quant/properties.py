@@ -165,3 +165,44 @@ def _check_rotate_quantize(case) -> None:
 PROPERTIES["rotate_quantize_rows.exact"] = register_property(
     Property("rotate_quantize_rows", "exact", _rot_cases, _check_rotate_quantize, _rot_examples)
 )
+
+
+def _nvfp4_cases(scale: str):
+    if scale == "small":
+        rows, k16 = sizes(1, 20), sizes(1, 24)
+    else:
+        rows, k16 = sizes(1, 4096, (1, 16, 17, 4096)), st.sampled_from((128, 256, 688, 768))
+    return st.fixed_dictionaries(
+        {"rows": rows, "k16": k16, "kind": value_kinds(*KINDS),
+         "dtype": st.sampled_from((torch.bfloat16, torch.float16, torch.float32)),
+         "seed": seeds()}
+    )  # fmt: skip
+
+
+def _nvfp4_examples(scale: str):
+    k16s = (1, 3, 8) if scale == "small" else (128, 688)
+    return [{"rows": 3, "k16": k, "kind": "outlier", "dtype": torch.bfloat16, "seed": 4}
+            for k in k16s]  # fmt: skip
+
+
+def _check_nvfp4_rows(case) -> None:
+    """NVFP4 row codes, block scales and alphas bit-identical to the torch specification."""
+    from flashrt_kernels.quant.nvfp4_rows import quantize_rows_nvfp4
+
+    device = test_device()
+    m, k = case["rows"], 16 * case["k16"]
+    x = make_values(case["kind"], (m, k), case["dtype"], case["seed"], device)
+    out = (torch.full((m, k // 2), 0xEE, dtype=torch.uint8, device=device),
+           torch.full((m, k // 16), 0x7F, dtype=torch.uint8, device=device).view(
+               torch.float8_e4m3fn),
+           poisoned_empty((m,), torch.float32, device))  # fmt: skip
+    q, sf, alpha = quantize_rows_nvfp4(x, out=out, backend="triton")
+    rq, rsf, ra = reference.nvfp4_quantize(x, per_row=True)
+    assert_exact(q, rq, what="e2m1 codes")
+    assert_exact(sf.view(torch.uint8), rsf.view(torch.uint8), what="block scales")
+    assert_exact(alpha, ra, what="row alphas")
+
+
+PROPERTIES["quantize_rows_nvfp4.exact"] = register_property(
+    Property("quantize_rows_nvfp4", "exact", _nvfp4_cases, _check_nvfp4_rows, _nvfp4_examples)
+)

@@ -92,3 +92,16 @@ def rotate_quantize_rows(x, rot: paroquant.Rotation, *, out=None, workspace=None
         BLOCK_K=block_k, BLOCK_P=max(1, block_k // 2), num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return q, s
+
+
+@torch.library.custom_op("flashrt::rotate_quantize_rows", mutates_args=())
+def _rotate_quantize_op(x: torch.Tensor, pair_i: torch.Tensor, pair_j: torch.Tensor,
+                        cos: torch.Tensor, sin: torch.Tensor, channel_scales: torch.Tensor,
+                        backend: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    rot = paroquant.Rotation(pair_i, pair_j, cos, sin, channel_scales)
+    return rotate_quantize_rows(x, rot, backend=backend)
+
+
+@_rotate_quantize_op.register_fake
+def _(x, pair_i, pair_j, cos, sin, channel_scales, backend):
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[0], dtype=torch.float32)
