@@ -19,3 +19,15 @@ def test_register_subcommands():
     assert args.preset == "fast" and callable(args.func)
     args = p.parse_args(["activevln", "bench", "--episodes", "2", "--option", "batch_size=2"])
     assert cli._parse_overrides(args.option) == {"batch_size": 2}
+
+
+def test_bench_path_random_weights_float32():
+    from flashrt_activevln.data import synthetic_episodes
+
+    eps = synthetic_episodes(2, seed=1, mean_frames=2, min_frames=2, height=56, width=84)
+    ref, fast, (same, n), opt = cli._compare(
+        None, eps, "cpu", "float32", False, fast_overrides={"batch_size": 2}
+    )
+    assert n == 4 and same == n
+    assert fast["decode_forwards_per_reply"] * 2 <= ref["decode_forwards_per_reply"]
+    assert set(ref["ms_per_frame"]) == {"preprocess", "vision", "prefill", "decode"}

@@ -16,20 +16,31 @@ PACKAGE = "flashrt-activevln"
 
 
 def _compare(
-    checkpoint, episodes, device, dtype, progress, fast_overrides=None, ref_overrides=None
+    checkpoint,
+    episodes,
+    device,
+    dtype,
+    progress,
+    fast_overrides=None,
+    ref_overrides=None,
+    random_config="tiny",
+    fast_preset="fast",
 ):
-    from flashrt_activevln.engine_setup import agreement, build_engine, run_replay
+    """Replays with the reference preset and ``fast_preset``; ``checkpoint`` None: in-memory
+    random weights of ``random_config``."""
+    from flashrt_activevln.engine_setup import agreement, build_engine, random_engine, run_replay
     from flashrt_activevln.presets import preset
+
+    def engine(opt):
+        if checkpoint is None:
+            return random_engine(random_config, opt, device)
+        return build_engine(checkpoint, opt, device)
 
     common = {"dtype": dtype, "constrain_to_grammar": True, "max_new_tokens": 24}
     ref_opt = preset("reference", **{**common, **(ref_overrides or {})})
-    fast_opt = preset("fast", **{**common, **(fast_overrides or {})})
-    ref, ref_stats = run_replay(
-        build_engine(checkpoint, ref_opt, device), episodes, progress, "reference"
-    )
-    fast, fast_stats = run_replay(
-        build_engine(checkpoint, fast_opt, device), episodes, progress, "fast"
-    )
+    fast_opt = preset(fast_preset, **{**common, **(fast_overrides or {})})
+    ref, ref_stats = run_replay(engine(ref_opt), episodes, progress, "reference")
+    fast, fast_stats = run_replay(engine(fast_opt), episodes, progress, fast_preset)
     return ref_stats, fast_stats, agreement(fast, ref), fast_opt
 
 
@@ -79,7 +90,8 @@ def register(subparsers) -> None:
     rp.set_defaults(func=_replay)
 
     bp = sub.add_parser("bench", help="plain path vs a preset on a synthetic R2R replay")
-    bp.add_argument("--checkpoint", default=None, help="default: a tiny random checkpoint")
+    bp.add_argument("--checkpoint", default=None, help="default: random weights (--random-config)")
+    bp.add_argument("--random-config", default="tiny", choices=["tiny", "3b"])
     bp.add_argument("--episodes", type=int, default=64)
     bp.add_argument("--mean-frames", type=int, default=64)
     bp.add_argument("--preset", default="fast")
@@ -120,15 +132,21 @@ def _replay(args) -> int:
 
 def _bench(args) -> int:
     from flashrt_activevln.data import synthetic_episodes
-    from flashrt_activevln.engine_setup import default_device, write_tiny_random_checkpoint
+    from flashrt_activevln.engine_setup import default_device
     from flashrt_kernels.benchmarking import markdown_table
 
-    ckpt = args.checkpoint or write_tiny_random_checkpoint()
     episodes = synthetic_episodes(args.episodes, seed=0, mean_frames=args.mean_frames)
     overrides = _parse_overrides(args.option)
     overrides.setdefault("max_new_tokens", 24)
     ref, fast, (same, n), _ = _compare(
-        ckpt, episodes, args.device or default_device(), args.dtype, True, fast_overrides=overrides
+        args.checkpoint,
+        episodes,
+        args.device or default_device(),
+        args.dtype,
+        True,
+        fast_overrides=overrides,
+        random_config=args.random_config,
+        fast_preset=args.preset,
     )
     rows = []
     for name, s in (("plain (reference, B=1, no tree)", ref), (f"preset {args.preset}", fast)):

@@ -33,6 +33,26 @@ def write_tiny_random_checkpoint(path: str | Path | None = None, seed: int = 1) 
     return write_random_checkpoint(path, cfg, seed=seed, std=0.3, tokenizer_json=tok.to_str())
 
 
+def random_engine(config: str, options: Options, device: str = "cpu", seed: int = 1) -> Engine:
+    """An engine over in-memory random weights: ``config`` "tiny" or "3b" (the real shapes, with
+    the tiny word-level tokenizer whose special tokens sit at Qwen's ids)."""
+    from flashrt_activevln.config import qwen25_vl_3b
+    from flashrt_activevln.tiny_tokenizer import build_tiny_tokenizer, tiny_config_for
+    from flashrt_activevln.weights import random_state
+
+    if config == "tiny":
+        tok, n = build_tiny_tokenizer()
+        cfg, std = tiny_config_for(tok, n), 0.3
+    elif config == "3b":
+        tok, _ = build_tiny_tokenizer(qwen_ids=True)
+        cfg, std = qwen25_vl_3b(), 0.02
+    else:
+        raise ValueError(f"random_engine: config must be 'tiny' or '3b', got {config!r}")
+    w = random_state(cfg, seed, std, device=device, dtype=options.torch_dtype)
+    proc = ActiveVLNProcessor(tok, cfg)
+    return Engine(Qwen25VL(cfg, w, Engine.ops_for(options)), proc, options)
+
+
 class Progress:
     def __init__(self, total: int, enabled: bool, label: str):
         self.total, self.enabled, self.label, self.done = total, enabled, label, 0

@@ -30,8 +30,20 @@ def _pieces(text: str) -> list[str]:
     return re.findall(PIECE, text)
 
 
-def build_tiny_tokenizer():
-    """Returns (tokenizers.Tokenizer, vocab size)."""
+QWEN_SPECIAL_IDS = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+}
+
+
+def build_tiny_tokenizer(qwen_ids: bool = False):
+    """Returns (tokenizers.Tokenizer, vocab size). ``qwen_ids=True`` puts the special tokens at
+    Qwen2.5-VL's ids (for random checkpoints of the real config, vocabulary 151936)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     texts = [SYSTEM.replace("<|im_start|>", " ").replace("<|im_end|>", " "), FIRST_PREFIX]
@@ -43,12 +55,12 @@ def build_tiny_tokenizer():
         for p in _pieces(t):
             vocab.setdefault(p, len(vocab))
     for s in SPECIALS:
-        vocab[s] = len(vocab)
+        vocab[s] = QWEN_SPECIAL_IDS[s] if qwen_ids else len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(list(SPECIALS))
-    return tok, len(vocab)
+    return tok, max(vocab.values()) + 1
 
 
 def tiny_config_for(tokenizer, vocab_size: int):

@@ -117,17 +117,22 @@ def load_checkpoint(
     return cfg, tensors
 
 
-def random_state(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
-    """Seeded random float32 parameters of every expected shape (norm weights near 1)."""
-    g = torch.Generator().manual_seed(seed)
+def random_state(
+    cfg: ModelConfig, seed: int = 0, std: float = 0.02, device="cpu", dtype=torch.float32
+) -> dict[str, torch.Tensor]:
+    """Seeded random parameters of every expected shape (norm weights near 1, biases of size
+    std), drawn in float32 on ``device`` and cast to ``dtype``; tied lm_head included."""
+    g = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for name, shape in expected_shapes(cfg).items():
+        x = torch.randn(shape, generator=g, device=device)
         if name.endswith("norm.weight") or "norm1" in name or "norm2" in name or "ln_q" in name:
-            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        elif name.endswith("bias"):
-            out[name] = 0.1 * std * torch.randn(shape, generator=g) * 10
+            x = 1.0 + 0.1 * x
         else:
-            out[name] = std * torch.randn(shape, generator=g)
+            x = std * x
+        out[name] = x.to(dtype)
+    if "lm_head.weight" not in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
 
 
@@ -145,7 +150,11 @@ def write_random_checkpoint(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
-    state = {k: v.to(dtype).contiguous() for k, v in random_state(cfg, seed, std).items()}
+    state = {
+        k: v.to(dtype).contiguous()
+        for k, v in random_state(cfg, seed, std).items()
+        if k != "lm_head.weight" or not cfg.text.tie_word_embeddings
+    }
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     if tokenizer_json is not None:
         (path / "tokenizer.json").write_text(tokenizer_json)

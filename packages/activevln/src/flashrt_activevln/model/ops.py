@@ -3,8 +3,9 @@
 ``reference`` ops are plain torch and follow HF transformers' order of operations (RMSNorm and the
 vision rotary embedding computed in float32, softmax in at least float32). ``Ops`` picks, per
 building block, the reference or a flashrt-kernels op; every choice states its contract:
-- ``rms_norm="kernel"``: flashrt_kernels.rms_norm (faithful, 1.5 ulp in bf16; rows independent);
-  float64 has no kernel and always takes the reference.
+- ``rms_norm="kernel"``: flashrt_kernels.rms_norm on CUDA tensors (faithful, 1.5 ulp in bf16;
+  rows independent); float64 and CPU tensors take the reference (on a CPU the kernel library
+  would run the same reference, with more per-call overhead).
 - ``attention="reference"``: masked softmax attention over the live KV extent (the only one so far).
 """
 
@@ -78,7 +79,7 @@ class Ops:
             )
 
     def norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        if self.rms_norm == "kernel" and x.dtype in KERNEL_DTYPES:
+        if self.rms_norm == "kernel" and x.dtype in KERNEL_DTYPES and x.is_cuda:
             import flashrt_kernels
 
             return flashrt_kernels.rms_norm(x.contiguous(), w, eps)
