@@ -133,10 +133,10 @@ def _pass_kernel(
             gv = tl.where(gi == 0, g0, tl.where(gi == 1, g1, tl.where(gi == 2, g2, g3)))
             tl.store(TH + b * 4 + gi, gv, mask=gi < tl.where(s == 0, 4, 0))
     hist = tl.zeros([NBINS], dtype=tl.int32)
-    c0 = 0
-    c1 = 0
-    c2 = 0
-    c3 = 0
+    c0 = kk * 0
+    c1 = kk * 0
+    c2 = kk * 0
+    c3 = kk * 0
     lanes = tl.arange(0, BLOCK)
     for off in range(start, end, BLOCK):
         idx = off + lanes
@@ -235,7 +235,7 @@ def _collect_kernel(
 
 @triton.jit
 def _finish_kernel(
-    SC, stride_s, LEN, HIST, CNT, CAND, TCNT, TH, STATE, OV, OI,
+    SC, stride_s, LEN, HIST, CNT, CAND, TCNT, TH, STATE, OV, OI, SCB,
     n, k,
     HAS_LEN: tl.constexpr, HINTED: tl.constexpr, HAS_STATE: tl.constexpr,
     CAP: tl.constexpr, KO: tl.constexpr, STATE_WORDS: tl.constexpr,
@@ -260,9 +260,15 @@ def _finish_kernel(
     key_s = (comp >> 32) + 1
     idx_s = ((key_s << 32) - 1 - comp).to(tl.int32)
     out_ok = slots < kk
-    vals = tl.load(row_ptr + idx_s, mask=out_ok, other=float("-inf"))
+    # values are copied as raw bits (SCB / OV are integer views): NaN payloads survive
+    bits = tl.load(SCB + b.to(tl.int64) * stride_s + idx_s, mask=out_ok, other=0)
+    pad = (
+        tl.full([CAP], float("-inf"), tl.float32)
+        .to(SC.dtype.element_ty)
+        .to(SCB.dtype.element_ty, bitcast=True)
+    )
     wr = slots < k
-    tl.store(OV + b * k + slots, vals, mask=wr)
+    tl.store(OV + b * k + slots, tl.where(out_ok, bits, pad), mask=wr)
     tl.store(OI + b * k + slots, tl.where(out_ok, idx_s, -1), mask=wr)
     if HAS_STATE:
         kth = tl.sum(tl.where(slots == kk - 1, key_s, 0), axis=0).to(tl.int32)

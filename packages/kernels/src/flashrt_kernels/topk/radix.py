@@ -31,7 +31,7 @@ def _sm_count(index: int) -> int:
 def plan(b: int, n: int, device: torch.device, split: int | None = None):
     """(S, chunk, BLOCK, num_warps): programs per row, elements per program, block, warps."""
     if triton_interpreter_active() or device.type != "cuda":
-        block, warps, min_chunk, target = 64, 4, 128, 8
+        block, warps, min_chunk, target = 128, 4, 128, 8
     else:
         block, warps, min_chunk, target = 2048, 8, 8192, 2 * _sm_count(device.index or 0)
     if split is None:
@@ -82,8 +82,10 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, cap, split=
         HAS_LEN=has_len, HINTED=hinted, CAP=cap, SP=triton.next_power_of_2(s_split),
         BLOCK=block, num_warps=warps,
     )  # fmt: skip
+    bits = torch.int32 if scores.dtype == torch.float32 else torch.int16
     kn._finish_kernel[(b,)](
-        *common, ws["cnt"], ws["cand"], ws["tcnt"], ws["th"], stt, out_values, out_indices,
+        *common, ws["cnt"], ws["cand"], ws["tcnt"], ws["th"], stt, out_values.view(bits),
+        out_indices, scores.view(bits),
         n, k,
         HAS_LEN=has_len, HINTED=hinted, HAS_STATE=has_state, CAP=cap, KO=kp,
         STATE_WORDS=st.STATE_WORDS, num_warps=8 if cap >= 2048 else 4,

@@ -1,0 +1,88 @@
+"""Top-K benchmark: ours (hint-free and with the previous step's hint) vs ``torch.topk``.
+
+fp32 scores from a correlated chain (``testing.chains.ScoreChain``, drift 0.02): input set ``t``
+is step ``t`` of the chain and its hint is the exact top-k indices of step ``t - 1``. Every timing
+is a CUDA graph over the rotated sets (``benchmarking.time_graph_us``); ``torch.topk`` runs with
+``sorted=False`` (its fastest mode; ours is always sorted). The floor is one read of the scores.
+The hinted call gets no ``state`` (it would be republished from the same step on every replay).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
+from flashrt_kernels.registry import register_benchmark
+from flashrt_kernels.testing.chains import ScoreChain
+from flashrt_kernels.topk import state as st
+from flashrt_kernels.topk.api import topk
+
+BATCHES = (1, 8, 64)
+LENGTHS = (8192, 32768, 131072, 262144, 1 << 20)
+KS = (512, 1024, 2048)
+MAX_ELEMS = 16 * 2**20
+DRIFT = 0.02
+
+
+def _sets(b, n, k, count):
+    chain = ScoreChain(b, n, drift=DRIFT, seed=b * 7 + n + k, device="cuda")
+    prev = chain.step()[0]
+    out = []
+    for _ in range(count):
+        x = chain.step()[0]
+        hint = topk(prev, k)[1]
+        ov = torch.empty((b, k), device="cuda")
+        oi = torch.empty((b, k), dtype=torch.int32, device="cuda")
+        out.append((x, hint, ov, oi))
+        prev = x
+    return out
+
+
+def _admitted(sets, k) -> float:
+    x, hint, ov, oi = sets[-1]
+    state = st.new_state(x.shape[0], "cuda")
+    topk(x, k, hint=hint, state=state, out_values=ov, out_indices=oi)
+    return float((state[:, st.PATH] == st.PATH_GUESS).float().mean())
+
+
+@register_benchmark("topk", "topk", "exact top-K (hint-free, previous-step hint) vs torch.topk")
+def run(quick: bool = False) -> list[dict]:
+    rows = []
+    batches, lengths = (BATCHES[:2], LENGTHS[::2]) if quick else (BATCHES, LENGTHS)
+    for b in batches:
+        for n in lengths:
+            if b * n > MAX_ELEMS:
+                continue
+            for k in KS:
+                nbytes = b * n * 4
+                sets = _sets(b, n, k, rotation(nbytes, limit=32))
+                free = [
+                    lambda s=s, k=k: topk(s[0], k, out_values=s[2], out_indices=s[3]) for s in sets
+                ]
+                hinted = [
+                    lambda s=s, k=k: topk(s[0], k, hint=s[1], out_values=s[2], out_indices=s[3])
+                    for s in sets
+                ]
+                base = [lambda s=s, k=k: torch.topk(s[0], k, sorted=False) for s in sets]
+                t_free, t_hint = time_graph_us(free), time_graph_us(hinted)
+                t_torch = time_graph_us(base)
+                fl = floor_us(nbytes)
+                rows.append(
+                    {
+                        "B": b,
+                        "N": n,
+                        "K": k,
+                        "torch_us": t_torch,
+                        "ours_us": t_free,
+                        "x_torch": t_torch / t_free,
+                        "hint_us": t_hint,
+                        "x_hintfree": t_free / t_hint,
+                        "hint_x_torch": t_torch / t_hint,
+                        "admitted": _admitted(sets, k),
+                        "floor_us": fl,
+                        "floor_frac": fl / t_free,
+                        "hint_floor_frac": fl / t_hint,
+                    }
+                )
+                del sets
+    return rows

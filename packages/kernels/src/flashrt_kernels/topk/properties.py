@@ -1,0 +1,211 @@
+"""Properties of the top-K family, run by the tests (both scales) and ``flashrt check``.
+
+Every check compares bit for bit with ``reference.topk`` evaluated on the CPU: values (their bits)
+and indices, pads included, into poisoned output buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from flashrt_kernels.registry import Property, register_property
+from flashrt_kernels.testing import (
+    assert_exact,
+    dtypes,
+    make_values,
+    poison,
+    seeds,
+    sizes,
+    test_device,
+    value_kinds,
+)
+from flashrt_kernels.testing.chains import ScoreChain
+from flashrt_kernels.topk import gvr, radix, reference
+from flashrt_kernels.topk import state as st_
+from flashrt_kernels.topk.api import topk
+
+KINDS = ("normal", "ties", "zeros", "relu_plateau", "inf", "nan", "huge", "denormal", "outlier")
+HINTS = ("previous", "zeros", "duplicates", "out_of_range", "bottom", "random")
+STATES = ("none", "published", "stale", "garbage")
+REAL_N = (8192, 32768, 131072, 262144, 1 << 20)
+MAX_ELEMS = 16 * 2**20
+
+
+def _cases(scale: str, hinted: bool = False):
+    if scale == "small":
+        d = {
+            "rows": sizes(1, 4),
+            "cols": sizes(1, 600, (1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 600)),
+            "k": st.sampled_from((1, 2, 7, 31, 32, 33, 64, 100, 300, 700)),
+            "split": st.sampled_from((None, 1, 2, 3, 5)),
+        }
+    else:
+        d = {
+            "rows": st.sampled_from((1, 2, 8, 64)),
+            "cols": st.sampled_from(REAL_N + (5000, 100003)),
+            "k": st.sampled_from((512, 1024, 2048, 1, 3000, 4096)),
+            "split": st.sampled_from((None, None, 1, 7)),
+        }
+    d.update(
+        dtype=dtypes(torch.float32, torch.bfloat16, torch.float16),
+        kind=value_kinds(*KINDS),
+        lengths=st.sampled_from(("none", "full", "random")),
+        seed=seeds(),
+    )
+    if hinted:
+        d.update(hint=st.sampled_from(HINTS), state=st.sampled_from(STATES),
+                 drift=st.sampled_from((0.0, 0.01, 0.1, 1.0)))  # fmt: skip
+    return st.fixed_dictionaries(d)
+
+
+def _examples(scale: str, hinted: bool = False):
+    base = {"dtype": torch.float32, "kind": "normal", "lengths": "none", "seed": 0}
+    extra = {"hint": "previous", "state": "published", "drift": 0.01} if hinted else {}
+    if scale == "small":
+        shapes = [(1, 1, 1, None), (2, 64, 64, 2), (3, 129, 200, 3), (1, 600, 33, 5)]
+        out = [{**base, **extra, "rows": r, "cols": c, "k": k, "split": s} for r, c, k, s in shapes]
+        out.append({**out[1], "kind": "zeros", "k": 7})
+        out.append({**out[3], "kind": "ties", "lengths": "random"})
+        return out
+    shapes = [(1, 1 << 20, 512, None), (8, 131072, 2048, None), (64, 8192, 1024, None)]
+    out = [{**base, **extra, "rows": r, "cols": c, "k": k, "split": s} for r, c, k, s in shapes]
+    out.append({**out[0], "kind": "zeros", "k": 2048})  # ties far beyond any capacity
+    return out
+
+
+def _rows(case) -> int:
+    return max(1, min(case["rows"], MAX_ELEMS // case["cols"]))
+
+
+def _lengths(case, rows, device):
+    if case["lengths"] == "none":
+        return None
+    n = case["cols"]
+    if case["lengths"] == "full":
+        return torch.full((rows,), n, dtype=torch.int32, device=device)
+    g = torch.Generator().manual_seed(case["seed"])
+    lens = torch.randint(0, n + 3, (rows,), generator=g, dtype=torch.int32)
+    lens[0] = min(n, max(0, case["k"] - 1))  # fewer valid elements than k
+    return lens.to(device)
+
+
+def _expect(x, k, lens):
+    return reference.topk(x.cpu(), k, lens.cpu() if lens is not None else None)
+
+
+def _assert_same(got, want, what):
+    (v, i), (rv, ri) = got, want
+    assert_exact(i, ri, what=f"{what} indices")
+    bits = torch.int32 if v.dtype == torch.float32 else torch.int16
+    assert_exact(v.cpu().view(bits), rv.view(bits), what=f"{what} value bits")
+
+
+def _run(x, k, lens, case, hint=None, state=None):
+    rows = x.shape[0]
+    ov = poison(torch.empty((rows, k), dtype=x.dtype, device=x.device))
+    oi = poison(torch.empty((rows, k), dtype=torch.int32, device=x.device))
+    if case["split"] is None:
+        topk(x, k, lengths=lens, out_values=ov, out_indices=oi, hint=hint, state=state,
+             backend="triton")  # fmt: skip
+    elif hint is None:
+        radix.select(x, k, lens, ov, oi, state, case["split"])
+    else:
+        gvr.select(x, k, lens, hint, ov, oi, state, case["split"])
+    return ov, oi
+
+
+def _check_matches_reference(case) -> None:
+    device, rows, k = test_device(), _rows(case), case["k"]
+    x = make_values(case["kind"], (rows, case["cols"]), case["dtype"], case["seed"], device)
+    lens = _lengths(case, rows, device)
+    _assert_same(_run(x, k, lens, case), _expect(x, k, lens), "hint-free top-k")
+
+
+def check_state(state, x, k, lens, want_values, hinted) -> None:
+    """The published state's words are what ``state`` documents (exact keys and counts)."""
+    s = state.cpu().long()
+    x, rows, n = x.cpu(), x.shape[0], x.shape[1]
+    length = torch.full((rows,), n) if lens is None else lens.cpu().long().clamp(0, n)
+    kk = length.clamp(max=k)
+    keys = reference.order_key(x).long()
+    valid = torch.arange(n)[None, :] < length[:, None]
+    assert torch.equal(s[:, st_.VALID], (kk > 0).long()), "state VALID"
+    assert torch.equal(s[:, st_.LENGTH], length) and bool((s[:, st_.K] == k).all()), "LENGTH/K"
+    for r in range(rows):
+        if kk[r] == 0:
+            continue
+        kth = reference.order_key(want_values[r, kk[r] - 1 : kk[r]])[0]
+        assert s[r, st_.KTH_KEY] == kth, f"row {r}: KTH_KEY {s[r, st_.KTH_KEY]} != {kth}"
+        cnt = (valid[r] & (keys[r] >= s[r, st_.ACCEPTED_KEY])).sum()
+        assert s[r, st_.ACCEPTED_COUNT] == cnt, f"row {r}: ACCEPTED_COUNT"
+        assert s[r, st_.ACCEPTED_COUNT] >= kk[r], f"row {r}: accepted threshold admits < k"
+        assert s[r, st_.N_TRIED] == (4 if hinted else 0), f"row {r}: N_TRIED"
+        for i in range(int(s[r, st_.N_TRIED])):
+            c = (valid[r] & (keys[r] >= s[r, st_.TRIED_KEY + i])).sum()
+            assert s[r, st_.TRIED_COUNT + i] == c, f"row {r}: TRIED_COUNT[{i}]"
+
+
+def _hint(kind, prev, rows, k, n, seed, x):
+    g = torch.Generator().manual_seed(seed + 7)
+    if kind == "previous":
+        return prev
+    if kind == "zeros":
+        return torch.zeros((rows, k), dtype=torch.int32)
+    if kind == "duplicates":
+        return prev[:, :1].expand(rows, k).contiguous()
+    if kind == "out_of_range":
+        h = torch.randint(-(2**31), 2**31 - 1, (rows, k), generator=g, dtype=torch.int32)
+        return torch.where(h.abs() < n, h + n, h)
+    if kind == "bottom":
+        kb = min(k, n)
+        low = torch.topk(x.cpu().float().nan_to_num(0.0), kb, largest=False).indices.int()
+        return torch.cat([low, low[:, : k - kb]], 1) if kb < k else low
+    return torch.randint(0, max(n, 1), (rows, k), generator=g, dtype=torch.int32)
+
+
+def _check_hinted(case) -> None:
+    device, rows, k, n = test_device(), _rows(case), case["k"], case["cols"]
+    if case["kind"] == "normal":
+        chain = ScoreChain(rows, n, drift=case["drift"], dtype=case["dtype"], seed=case["seed"],
+                           device="cpu")  # fmt: skip
+        x0, _ = chain.step()
+        x1, _ = chain.step()
+    else:
+        x0 = make_values(case["kind"], (rows, n), case["dtype"], case["seed"])
+        x1 = make_values(case["kind"], (rows, n), case["dtype"], case["seed"] + 1)
+    x0, x1 = x0.to(device), x1.to(device)
+    lens = _lengths(case, rows, device)
+    state = None if case["state"] == "none" else st_.new_state(rows, device)
+    prev = _expect(x0, k, lens)[1]
+    if case["state"] == "published":
+        topk(x0, k, lengths=lens, state=state, backend="triton")
+    elif case["state"] == "stale":
+        topk(x0.flip(0), k, state=state, backend="triton")
+    elif case["state"] == "garbage":
+        g = torch.Generator().manual_seed(case["seed"])
+        state.copy_(torch.randint(-(2**31), 2**31 - 1, state.shape, generator=g).int())
+        state[:, st_.VALID] = 1
+    hint = _hint(case["hint"], prev, rows, k, n, case["seed"], x1).to(device)
+    want = _expect(x1, k, lens)
+    _assert_same(_run(x1, k, lens, case, hint, state), want, f"top-k with a {case['hint']} hint")
+    if state is not None:
+        check_state(state, x1, k, lens, want[0], hinted=True)
+        good = case["hint"] == "previous" and case["kind"] == "normal" and case["drift"] <= 0.01
+        if good and lens is None and 8 * k <= n:
+            path = state[:, st_.PATH].cpu()
+            assert bool((path == st_.PATH_GUESS).all()), f"good hint not admitted: {path}"
+
+
+register_property(
+    Property("topk", "matches_reference", _cases, _check_matches_reference, _examples)
+)
+register_property(
+    Property(
+        "topk",
+        "hinted_matches_reference",
+        lambda scale: _cases(scale, True),
+        _check_hinted,
+        lambda scale: _examples(scale, True),
+    )
+)

@@ -1,0 +1,122 @@
+import pytest
+import torch
+
+from flashrt_kernels.registry import properties
+from flashrt_kernels.testing.chains import ScoreChain
+from flashrt_kernels.topk import reference, topk
+from flashrt_kernels.topk import state as st
+
+PROPS = properties()
+test_matches_reference = PROPS["topk.matches_reference"].test("small")
+test_hinted_matches_reference = PROPS["topk.hinted_matches_reference"].test("small")
+test_matches_reference_gpu = pytest.mark.gpu(PROPS["topk.matches_reference"].test("real"))
+test_hinted_matches_reference_gpu = pytest.mark.gpu(
+    PROPS["topk.hinted_matches_reference"].test("real")
+)
+
+
+def test_reference_order_on_special_values():
+    s = torch.tensor([[1.0, float("nan"), -0.0, 0.0, float("inf"), float("-inf"), 1.0]])
+    v, i = reference.topk(s, 9)
+    assert i.tolist() == [[1, 4, 0, 6, 2, 3, 5, -1, -1]]
+    assert torch.isnan(v[0, 0]) and v[0, 1] == float("inf") and v[0, 7] == float("-inf")
+    assert torch.signbit(v[0, 4]) and not torch.signbit(v[0, 5])  # -0.0 kept, ties by index
+
+
+def test_reference_agrees_with_torch_topk_values():
+    x = torch.randn(5, 3000)
+    x[:, ::17] = float("nan")
+    v, _ = reference.topk(x, 300)
+    tv = torch.topk(x, 300).values
+    assert torch.equal(v.isnan(), tv.isnan()) and torch.equal(v.nan_to_num(), tv.nan_to_num())
+
+
+def test_lengths_and_pads():
+    x = torch.randn(3, 50)
+    lens = torch.tensor([0, 3, 70], dtype=torch.int32)
+    v, i = topk(x, 5, lengths=lens, backend="triton")
+    assert (i[0] == -1).all() and (v[0] == float("-inf")).all()
+    assert (i[1, 3:] == -1).all() and set(i[1, :3].tolist()) == {0, 1, 2}
+    assert torch.equal(i[2], reference.topk(x[2:], 5)[1][0])
+
+
+def test_cuda_graph_safe_out_buffers_reused():
+    x = torch.randn(2, 300)
+    ov, oi = torch.empty(2, 16), torch.empty(2, 16, dtype=torch.int32)
+    for _ in range(2):  # the workspace is left zeroed: a second call is still exact
+        rv, ri = topk(x, 16, out_values=ov, out_indices=oi, backend="triton")
+        assert rv.data_ptr() == ov.data_ptr() and torch.equal(oi, reference.topk(x, 16)[1])
+
+
+def test_reference_backend_publishes_state():
+    x = torch.randn(2, 100)
+    s = st.new_state(2, "cpu")
+    v, _ = topk(x, 10, state=s, backend="reference")
+    assert s[0, st.VALID] == 1 and s[0, st.ACCEPTED_COUNT] == 10
+    assert st.key_to_value(int(s[1, st.KTH_KEY])) == v[1, 9].item()
+
+
+def test_custom_op_and_fake():
+    x = torch.randn(3, 40)
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fv, fi = torch.ops.flashrt.topk(torch.empty(3, 40), 5, None, None, "reference")
+        assert fv.shape == (3, 5) and fi.dtype == torch.int32
+    v, i = torch.ops.flashrt.topk(x, 5, None, None, "reference")
+    assert torch.equal(i, reference.topk(x, 5)[1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"scores": torch.randn(4, 8, dtype=torch.float64)}, TypeError, "scores must have dtype"),
+        ({"scores": torch.randn(8)}, ValueError, "scores must have 2 dimensions"),
+        ({"scores": torch.randn(8, 4).t()}, ValueError, "unit stride"),
+        ({"k": 0}, ValueError, "k must be >= 1"),
+        ({"k": 2.0}, TypeError, "k must be an int"),
+        ({"lengths": torch.ones(4, dtype=torch.int64)}, TypeError, "lengths must have dtype"),
+        ({"lengths": torch.ones(3, dtype=torch.int32)}, ValueError, r"lengths must have shape"),
+        ({"hint": torch.zeros(4, 2, dtype=torch.int32)}, ValueError, r"hint must have shape"),
+        ({"out_values": torch.empty(4, 3, dtype=torch.bfloat16)}, TypeError, "out_values"),
+        ({"out_indices": torch.empty(4, 2, dtype=torch.int32)}, ValueError, "out_indices"),
+        ({"state": torch.zeros(4, 3, dtype=torch.int32)}, ValueError, "state must have shape"),
+        ({"backend": "fast"}, ValueError, "backend must be one of"),
+        ({"backend": "cuda"}, ValueError, "not implemented"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(kwargs, error, match):
+    args = {"scores": torch.randn(4, 8), "k": 3}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        topk(args.pop("scores"), args.pop("k"), **args)
+
+
+def test_chain_generator_properties():
+    c = ScoreChain(3, 400, drift=0.05, growth=7, start_lengths=[0, 10, 400], cold_prob=0.0,
+                   relu=True, seed=3)  # fmt: skip
+    a, la = c.step()
+    b, lb = c.step()
+    assert la.tolist() == [0, 10, 400] and lb.tolist() == [7, 17, 400]
+    assert (a >= 0).all() and (a == 0).any()  # ReLU plateaus
+    assert torch.corrcoef(torch.stack([a[2], b[2]]))[0, 1] > 0.9  # drifting, not redrawn
+    again = ScoreChain(3, 400, drift=0.05, growth=7, start_lengths=[0, 10, 400], relu=True, seed=3)
+    assert torch.equal(again.step()[0], a)  # deterministic in the seed
+    cold = ScoreChain(2, 400, drift=0.05, cold_prob=1.0, seed=1)
+    x0, _ = cold.step()
+    x1, _ = cold.step()
+    assert cold.cold.all() and abs(torch.corrcoef(torch.stack([x0[0], x1[0]]))[0, 1]) < 0.3
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_is_exact():
+    x = torch.randn(8, 1 << 17, device="cuda")
+    ov = torch.empty(8, 512, device="cuda")
+    oi = torch.empty(8, 512, dtype=torch.int32, device="cuda")
+    topk(x, 512, out_values=ov, out_indices=oi)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk(x, 512, out_values=ov, out_indices=oi)
+    oi.zero_()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(oi.cpu(), reference.topk(x.cpu(), 512)[1])
