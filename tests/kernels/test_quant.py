@@ -10,6 +10,7 @@ NAMES = (
     "silu_mul_quantize.exact",
     "rotate_quantize_rows.exact",
     "quantize_rows_nvfp4.exact",
+    "layer_norm_quantize.exact",
 )
 for _n in NAMES:
     _op = _n.split(".")[0]

@@ -206,3 +206,31 @@ def _check_nvfp4_rows(case) -> None:
 PROPERTIES["quantize_rows_nvfp4.exact"] = register_property(
     Property("quantize_rows_nvfp4", "exact", _nvfp4_cases, _check_nvfp4_rows, _nvfp4_examples)
 )
+
+
+def _check_layer_norm_quantize(case) -> None:
+    """layer_norm faithful to torch; LayerNorm -> quantized rows == layer_norm + quantize_rows."""
+    from flashrt_kernels.quant.layer_norm import layer_norm, layer_norm_quantize
+
+    device = test_device()
+    shape, dt, sd = (case["rows"], case["cols"]), case["dtype"], case["seed"]
+    kind = case["kind"] if case["kind"] not in ("huge", "tiny", "denormal") else "normal"
+    x = make_values(kind, shape, dt, sd, device)
+    w = make_values("normal", (case["cols"],), dt, sd + 1, device)
+    b = make_values("normal", (case["cols"],), dt, sd + 2, device)
+    y = layer_norm(x, w, b, 1e-5, out=poisoned_empty(shape, dt, device), backend="triton")
+    ref = reference.layer_norm(x, w, b, 1e-5)
+    ulp = 2.0**-7 if dt == torch.bfloat16 else 2.0**-10
+    err = (y.double() - ref.double()).abs()
+    bound = 2 * ulp * ref.double().abs() + 2.0**-12 * (w.double().abs() + b.double().abs())
+    assert not (err > bound).any(), f"layer_norm: {int((err > bound).sum())} outside the bound"
+    q, s = layer_norm_quantize(x, w, b, 1e-5, case["fmt"], out=_buffers(case, *shape, device),
+                               backend="triton")  # fmt: skip
+    rq, rs = quantize_rows(y, case["fmt"], backend="triton")
+    assert_exact(_codes(q), _codes(rq), what="fused codes vs layer_norm + quantize_rows")
+    assert_exact(s, rs, what="fused scales")
+
+
+PROPERTIES["layer_norm_quantize.exact"] = register_property(
+    Property("layer_norm_quantize", "exact", _cases, _check_layer_norm_quantize, _examples)
+)

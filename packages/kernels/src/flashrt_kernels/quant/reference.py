@@ -64,6 +64,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return (g / (1.0 + torch.exp(-g)) * u).to(gate_up.dtype)
 
 
+def layer_norm(x, weight, bias, eps) -> torch.Tensor:
+    """LayerNorm: fp32 mean and biased variance, ``((x - mean) * rstd) * w + b`` in fp32, one
+    rounding to the dtype."""
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    d = xf - mean
+    rstd = torch.rsqrt((d * d).mean(-1, keepdim=True) + eps)
+    return ((d * rstd) * weight.float() + bias.float()).to(x.dtype)
+
+
 def rms_norm_quantize(x, weight, eps, residual, fmt):
     """RMSNorm (norm.reference order) then ``quantize_rows``: (codes, scales, new residual)."""
     from flashrt_kernels.norm import reference as norm_ref
