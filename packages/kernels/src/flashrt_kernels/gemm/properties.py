@@ -208,3 +208,47 @@ def _check_fp8(case) -> None:
 
 
 _register(Property("fp8_linear", "faithful", _fp8_cases, _check_fp8, _fp8_examples))
+
+
+# ---- NVFP4 W4A4 -----------------------------------------------------------------------------------
+def _nvfp4_cases(scale: str):
+    if scale == "small":
+        m, k, n = sizes(1, 40), st.sampled_from((64, 128, 192)), sizes(1, 70)
+    else:
+        m = st.sampled_from((1, 16, 64, 2048))
+        k, n = st.sampled_from((2048, 4096)), st.sampled_from((2560, 6144))
+    return st.fixed_dictionaries(
+        {"m": m, "k": k, "n": n, "a_per_row": st.booleans(), "kind": value_kinds(*KINDS),
+         "seed": seeds()}
+    )  # fmt: skip
+
+
+def _nvfp4_examples(scale: str):
+    pts = [(1, 64, 1), (17, 128, 33), (16, 192, 64)] if scale == "small" else [(64, 4096, 6144)]
+    return [{"m": m, "k": k, "n": n, "a_per_row": True, "kind": "outlier", "seed": 5}
+            for m, k, n in pts]  # fmt: skip
+
+
+def _check_nvfp4(case) -> None:
+    from flashrt_kernels.gemm.nvfp4_linear import nvfp4_linear
+    from flashrt_kernels.quant.reference import nvfp4_dequantize, nvfp4_quantize
+
+    device = test_device()
+    m, k, n, s = case["m"], case["k"], case["n"], case["seed"]
+    x = make_values(case["kind"], (m, k), torch.float32, s, device)
+    w = make_values("normal", (n, k), torch.float32, s + 1, device)
+    a, b = nvfp4_quantize(x, per_row=case["a_per_row"]), nvfp4_quantize(w, per_row=True)
+    out = poisoned_empty((m, n), torch.bfloat16, device)
+    y = nvfp4_linear(*a, *b, out=out, backend="triton")
+    one = torch.ones(1, device=device)
+    av = nvfp4_dequantize(a[0], a[1], one, torch.float64)
+    wv = nvfp4_dequantize(b[0], b[1], one, torch.float64)
+    alpha = a[2].double().reshape(-1, 1) * b[2].double().reshape(1, -1)
+    ref = (av @ wv.t()) * alpha
+    sabs = (av.abs() @ wv.abs().t()) * alpha
+    err = (y.double() - ref).abs()
+    bad = err > 2.0**-8 * ref.abs() + k * 2.0**-22 * sabs
+    assert not bad.any(), f"nvfp4_linear: {int(bad.sum())} of {bad.numel()} outside the bound"
+
+
+_register(Property("nvfp4_linear", "faithful", _nvfp4_cases, _check_nvfp4, _nvfp4_examples))
