@@ -3,6 +3,7 @@
 | option | values | contract |
 | --- | --- | --- |
 | ``attention_kernel`` | "reference" | masked softmax attention in torch (the specification) |
+|  | "gqa" | flashrt_kernels.gqa_attention (bf16/fp16): faithful, batch-invariant |
 | ``vision_kernel`` | "reference" | per-window / per-image attention in torch |
 | ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
 | ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
@@ -50,7 +51,7 @@ class Options:
 
     def __post_init__(self):
         for name, allowed in (
-            ("attention_kernel", ("reference",)),
+            ("attention_kernel", ("reference", "gqa")),
             ("vision_kernel", ("reference",)),
             ("decode_linear", ("reference",)),
             ("dataset", ("r2r", "rxr")),

@@ -106,7 +106,10 @@ class Engine:
 
     @staticmethod
     def ops_for(options: Options) -> Ops:
-        return Ops(rms_norm="kernel" if options.rms_norm_kernel else "reference")
+        return Ops(
+            rms_norm="kernel" if options.rms_norm_kernel else "reference",
+            attention=options.attention_kernel,
+        )
 
     def _sync(self):
         if self.model.device.type == "cuda":

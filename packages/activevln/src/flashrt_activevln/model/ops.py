@@ -6,7 +6,10 @@ building block, the reference or a flashrt-kernels op; every choice states its c
 - ``rms_norm="kernel"``: flashrt_kernels.rms_norm on CUDA tensors (faithful, 1.5 ulp in bf16;
   rows independent); float64 and CPU tensors take the reference (on a CPU the kernel library
   would run the same reference, with more per-call overhead).
-- ``attention="reference"``: masked softmax attention over the live KV extent (the only one so far).
+- ``attention="reference"``: masked softmax attention over the live KV extent (the specification);
+- ``attention="gqa"``: flashrt_kernels.gqa_attention (split-KV GQA decode / tree verify over the
+  pool) for bf16 / fp16: faithful to the reference (its stated bound), exact across batch
+  compositions and padded query counts; other dtypes take the reference.
 """
 
 from __future__ import annotations
@@ -69,10 +72,8 @@ class Ops:
     def __post_init__(self):
         if self.rms_norm not in ("reference", "kernel"):
             raise ValueError(f"Ops.rms_norm must be 'reference' or 'kernel', got {self.rms_norm!r}")
-        if self.attention != "reference":
-            raise ValueError(
-                f"Ops.attention: only 'reference' exists so far, got {self.attention!r}"
-            )
+        if self.attention not in ("reference", "gqa"):
+            raise ValueError(f"Ops.attention must be 'reference' or 'gqa', got {self.attention!r}")
         if self.vision_attention != "reference":
             raise ValueError(
                 f"Ops.vision_attention: only 'reference' exists so far, got {self.vision_attention!r}"
@@ -85,8 +86,24 @@ class Ops:
             return flashrt_kernels.rms_norm(x.contiguous(), w, eps)
         return rms_norm_reference(x, w, eps)
 
-    def attend(self, q, k, v, visible, scale):
-        return attention_reference(q, k, v, visible, scale)
+    def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale):
+        """q [B, H, Q, D] over one pool layer [rows, capacity, Hkv, D] -> [B, Q, H, D]."""
+        b, _, nq, _ = q.shape
+        if self.attention == "gqa" and q.dtype in (torch.bfloat16, torch.float16):
+            from flashrt_kernels.attention import gqa_attention
+
+            lens = lengths.to(torch.int32)
+            q_lens = torch.full_like(lens, nq)
+            qq = q.transpose(1, 2).contiguous()
+            return gqa_attention(
+                qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible, scale=scale
+            )
+        from flashrt_activevln.model.text import visibility
+
+        visible = visibility(lengths, new_visible, extent)
+        k = k_layer[:, :extent].transpose(1, 2)
+        v = v_layer[:, :extent].transpose(1, 2)
+        return attention_reference(q, k, v, visible, scale).transpose(1, 2)
 
     def attend_segments(self, q, k, v, bounds, scale):
         return segment_attention_reference(q, k, v, bounds, scale)

@@ -17,19 +17,20 @@ from flashrt_activevln.model.rope import apply_text_rope, mrope_cos_sin
 
 
 class KVPool:
-    """K and V for every layer and row: [layers, rows, kv_heads, capacity, head_dim]."""
+    """K and V for every layer and row: [layers, rows, capacity, kv_heads, head_dim] (a layer is
+    flashrt_kernels' [rows, capacity, kv_heads, head_dim] pool layout)."""
 
     def __init__(self, cfg: TextConfig, rows: int, capacity: int, dtype, device):
-        shape = (cfg.num_layers, rows, cfg.num_kv_heads, capacity, cfg.head_dim)
+        shape = (cfg.num_layers, rows, capacity, cfg.num_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """slots [B, Q] absolute slot of each new token; k/v [B, Hkv, Q, D]."""
-        idx = slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, idx, k)
-        self.v[layer].scatter_(2, idx, v)
+        """slots [B, Q] absolute slot of each new token; k/v [B, Q, Hkv, D]."""
+        idx = slots[:, :, None, None].expand_as(k)
+        self.k[layer].scatter_(1, idx, k)
+        self.v[layer].scatter_(1, idx, v)
 
     def commit(self, row: int, start: int, sources: torch.Tensor) -> None:
         """Incremental commit: copy the accepted new slots ``sources`` (ascending, all >= start)
@@ -37,8 +38,8 @@ class KVPool:
         n = sources.numel()
         dst = torch.arange(start, start + n, device=sources.device)
         if n and not torch.equal(sources, dst):
-            self.k[:, row, :, start : start + n] = self.k[:, row, :, sources]
-            self.v[:, row, :, start : start + n] = self.v[:, row, :, sources]
+            self.k[:, row, start : start + n] = self.k[:, row, sources]
+            self.v[:, row, start : start + n] = self.v[:, row, sources]
 
 
 def visibility(lengths: torch.Tensor, new_visible: torch.Tensor, extent: int) -> torch.Tensor:
@@ -74,7 +75,6 @@ def decoder_forward(
     extent = int(lengths.max()) + q  # the reference path's one host read
     if extent > pool.capacity:
         raise ValueError(f"decoder_forward: KV extent {extent} exceeds capacity {pool.capacity}")
-    visible = visibility(lengths, new_visible, extent)
     x = embeds
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -84,10 +84,10 @@ def decoder_forward(
         vs = ops.linear(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"])
         qs = apply_text_rope(qs.view(b, q, nh, hd).transpose(1, 2), cos, sin)
         ks = apply_text_rope(ks.view(b, q, nkv, hd).transpose(1, 2), cos, sin)
-        vs = vs.view(b, q, nkv, hd).transpose(1, 2)
-        pool.write(i, slots, ks, vs)
-        a = ops.attend(qs, pool.k[i, :, :, :extent], pool.v[i, :, :, :extent], visible, hd**-0.5)
-        a = a.transpose(1, 2).reshape(b, q, nh * hd)
+        vs = vs.view(b, q, nkv, hd)
+        pool.write(i, slots, ks.transpose(1, 2), vs)
+        a = ops.attend_pool(qs, pool.k[i], pool.v[i], lengths, new_visible, extent, hd**-0.5)
+        a = a.reshape(b, q, nh * hd)
         x = x + ops.linear(a, w[p + "self_attn.o_proj.weight"])
         h = ops.norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         g = ops.linear(h, w[p + "mlp.gate_proj.weight"])
