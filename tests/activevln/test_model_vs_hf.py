@@ -107,9 +107,9 @@ def test_float32_logits_match_hf(tmp_path):
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
-def test_gqa_kernel_option_is_faithful_in_bf16(tmp_path):
-    """attention_kernel="gqa" (flashrt_kernels.gqa_attention; on a CPU its reference or the
-    interpreter): bf16 logits stay as close to the float64 reference as the bf16 reference path
+def test_kernel_options_are_faithful_in_bf16(tmp_path):
+    """attention_kernel="gqa" + vision_kernel="segmented" (flashrt_kernels' ops; on a CPU their
+    reference or the interpreter): bf16 logits stay as close to the float64 reference as the bf16 reference path
     is (within 2x its error), greedy tokens of this sequence identical."""
     from flashrt_activevln.model import Ops
 
@@ -122,7 +122,8 @@ def test_gqa_kernel_option_is_faithful_in_bf16(tmp_path):
     with torch.no_grad():
         exact = Qwen25VL(cfg, w64).full_logits(ids, pix, grids)
         ref = Qwen25VL(cfg, w16).full_logits(ids, pix, grids).double()
-        gqa = Qwen25VL(cfg, w16, Ops(attention="gqa")).full_logits(ids, pix, grids).double()
+        kernels = Ops(attention="gqa", vision_attention="segmented")
+        gqa = Qwen25VL(cfg, w16, kernels).full_logits(ids, pix, grids).double()
     e_ref = (ref - exact).abs().max().item()
     e_gqa = (gqa - exact).abs().max().item()
     assert e_gqa <= 2 * e_ref + 1e-3, (e_gqa, e_ref)

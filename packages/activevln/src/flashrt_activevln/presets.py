@@ -5,6 +5,7 @@
 | ``attention_kernel`` | "reference" | masked softmax attention in torch (the specification) |
 |  | "gqa" | flashrt_kernels.gqa_attention (bf16/fp16): faithful, batch-invariant |
 | ``vision_kernel`` | "reference" | per-window / per-image attention in torch |
+|  | "segmented" | flashrt_kernels.segmented_attention (bf16/fp16): faithful |
 | ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
 | ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
 | ``gpu_preprocess`` | bool | exact: the same bytes as the CPU Pillow path |
@@ -52,7 +53,7 @@ class Options:
     def __post_init__(self):
         for name, allowed in (
             ("attention_kernel", ("reference", "gqa")),
-            ("vision_kernel", ("reference",)),
+            ("vision_kernel", ("reference", "segmented")),
             ("decode_linear", ("reference",)),
             ("dataset", ("r2r", "rxr")),
             ("dtype", tuple(DTYPES)),

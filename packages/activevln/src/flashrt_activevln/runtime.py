@@ -109,6 +109,7 @@ class Engine:
         return Ops(
             rms_norm="kernel" if options.rms_norm_kernel else "reference",
             attention=options.attention_kernel,
+            vision_attention=options.vision_kernel,
         )
 
     def _sync(self):

@@ -9,7 +9,9 @@ building block, the reference or a flashrt-kernels op; every choice states its c
 - ``attention="reference"``: masked softmax attention over the live KV extent (the specification);
 - ``attention="gqa"``: flashrt_kernels.gqa_attention (split-KV GQA decode / tree verify over the
   pool) for bf16 / fp16: faithful to the reference (its stated bound), exact across batch
-  compositions and padded query counts; other dtypes take the reference.
+  compositions and padded query counts; other dtypes take the reference;
+- ``vision_attention="segmented"``: flashrt_kernels.segmented_attention (per window / per image,
+  variable lengths) for bf16 / fp16: faithful; other dtypes take the reference.
 """
 
 from __future__ import annotations
@@ -74,9 +76,10 @@ class Ops:
             raise ValueError(f"Ops.rms_norm must be 'reference' or 'kernel', got {self.rms_norm!r}")
         if self.attention not in ("reference", "gqa"):
             raise ValueError(f"Ops.attention must be 'reference' or 'gqa', got {self.attention!r}")
-        if self.vision_attention != "reference":
+        if self.vision_attention not in ("reference", "segmented"):
             raise ValueError(
-                f"Ops.vision_attention: only 'reference' exists so far, got {self.vision_attention!r}"
+                "Ops.vision_attention must be 'reference' or 'segmented', "
+                f"got {self.vision_attention!r}"
             )
 
     def norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -106,6 +109,14 @@ class Ops:
         return attention_reference(q, k, v, visible, scale).transpose(1, 2)
 
     def attend_segments(self, q, k, v, bounds, scale):
+        """q/k/v [H, N, D]; full attention inside each [bounds[i], bounds[i+1])."""
+        if self.vision_attention == "segmented" and q.dtype in (torch.bfloat16, torch.float16):
+            from flashrt_kernels.attention import segmented_attention
+
+            cu = torch.tensor(bounds, dtype=torch.int32, device=q.device)
+            longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+            t = [x.transpose(0, 1).contiguous() for x in (q, k, v)]
+            return segmented_attention(*t, cu, longest, scale=scale).transpose(0, 1)
         return segment_attention_reference(q, k, v, bounds, scale)
 
     @staticmethod
