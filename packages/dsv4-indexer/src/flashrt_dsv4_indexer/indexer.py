@@ -134,6 +134,8 @@ class Indexer:
         em = buf.emissions[tier]
         if em is not None:
             em.lines.copy_(self.state.lines[slot].repeat_interleave(next_n, 0))
+            if em.list_indices is not None:
+                em.list_indices.fill_(-1)
         pages = buf.logits.shape[1] // self.cache.block_size
         paged_indexer_logits(
             q_codes, w, self.cache.codes, self.cache.scales, block_table[:, :pages],
@@ -142,7 +144,7 @@ class Indexer:
         )  # fmt: skip
         prev = self.state.prev[slot].repeat_interleave(next_n, 0)
         topk_stage.select(
-            buf.logits, cfg.topk, buf.lengths, tier=tier, prev_indices=prev,
+            buf.logits, cfg.topk, buf.lengths, tier=tier, prev_indices=prev, emissions=em,
             out_values=buf.values, out_indices=buf.indices, backend=self.topk_backend,
         )  # fmt: skip
         last = torch.arange(batch, device=slot.device) * next_n + next_n - 1

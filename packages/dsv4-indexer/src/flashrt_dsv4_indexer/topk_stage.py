@@ -1,12 +1,17 @@
 """The selection step: the one place that decides which top-K runs for a routed tier.
 
-Every tier returns the deterministic top-K (``reference.topk``'s order: values descending, ties by
-ascending index, ``-1`` pads) of the logits over each row's valid prefix: the tiers differ only in
-which hints the top-K receives. flashrt-kernels' ``topk.topk`` is used when it is installed; until
-its hint consumers (block maxima, seed counts, candidate lists) are published in
-``flashrt_kernels.topk.hints``, the ``counts`` and ``list`` tiers pass only the previous step's
-indices, and the emissions are produced, checked and fed back to the closed loop but not consumed.
-Without flashrt-kernels' top-K, the torch copy of the deterministic order runs (``reference.topk``).
+Every tier returns the deterministic top-K (values descending, ties by ascending index, ``-1``
+pads) of the logits over each row's valid prefix, bit for bit: the tiers differ only in the hints
+flashrt-kernels' top-K receives (``flashrt_kernels.topk.hints``), each consumer being exact
+whatever the hint holds:
+- ``none``: ``topk.topk`` with no hint (radix select);
+- ``rungs``: ``hints.topk_hinted`` with the previous step's indices (guess, verify, refine);
+- ``counts``: ``hints.topk_seeded`` with the three emitted lines and their exact counts
+  (``SeedLines``) plus the emitted block maxima;
+- ``list``: ``hints.topk_from_list`` over the emitted candidate list: the three segments form one
+  list whose unfilled slots are ``-1`` pads; ``claimed`` counts real entries only and the list is
+  void when any segment overflowed (then it is not complete above its smallest entry).
+``backend="reference"`` (and a missing flashrt-kernels top-K) runs ``reference.topk``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ TIERS = ("none", "rungs", "counts", "list")
 
 @functools.cache
 def kernels_topk():
-    """flashrt-kernels' top-K module, or None where it is not installed (yet)."""
+    """flashrt-kernels' top-K module, or None where it is not installed."""
     try:
         from flashrt_kernels import topk as module
     except ImportError:
@@ -30,12 +35,14 @@ def kernels_topk():
     return module if hasattr(module, "topk") else None
 
 
-def hint_consumers_available() -> bool:
-    try:
-        from flashrt_kernels.topk import hints  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def candidate_list(em):
+    """The emitted three-segment list as flashrt-kernels' ``CandidateList``."""
+    from flashrt_kernels.topk.hints import CandidateList
+
+    cap = em.seg_cap
+    claimed = em.list_claims.clamp(max=cap).sum(1).to(torch.int32)
+    void = (em.list_claims > cap).any(1)
+    return CandidateList(em.list_values, em.list_indices, claimed, void)
 
 
 def select(
@@ -45,6 +52,7 @@ def select(
     *,
     tier: str = "none",
     prev_indices: torch.Tensor | None = None,
+    emissions=None,
     out_values: torch.Tensor | None = None,
     out_indices: torch.Tensor | None = None,
     backend: str = "auto",
@@ -53,10 +61,20 @@ def select(
     if tier not in TIERS:
         raise ValueError(f"topk_stage.select: tier must be one of {TIERS}, got {tier!r}")
     mod = kernels_topk()
-    hint = prev_indices if tier != "none" else None
     if mod is not None and backend != "reference":
-        return mod.topk(scores, k, lengths=lengths, out_values=out_values,
-                        out_indices=out_indices, hint=hint, backend=backend)  # fmt: skip
+        from flashrt_kernels.topk import hints
+
+        outs = dict(lengths=lengths, out_values=out_values, out_indices=out_indices)
+        if tier == "rungs" and prev_indices is not None:
+            return hints.topk_hinted(scores, k, prev_indices.contiguous(), **outs)
+        if tier == "counts" and emissions is not None:
+            seeds = hints.SeedLines(emissions.lines, emissions.counts)
+            return hints.topk_seeded(scores, k, seeds, block_maxima=emissions.block_max, **outs)
+        if tier == "list" and emissions is not None:
+            return hints.topk_from_list(scores, k, candidate_list(emissions), backend=backend,
+                                        **outs)  # fmt: skip
+        hint = prev_indices.contiguous() if tier != "none" and prev_indices is not None else None
+        return mod.topk(scores, k, hint=hint, backend=backend, **outs)
     values, indices = reference.topk(scores, k, lengths)
     if out_values is not None:
         out_values.copy_(values)
