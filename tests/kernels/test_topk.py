@@ -120,3 +120,9 @@ def test_cuda_graph_replay_is_exact():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(oi.cpu(), reference.topk(x.cpu(), 512)[1])
+
+
+test_consumers_match_reference = PROPS["topk.consumers_match_reference"].test("small")
+test_consumers_match_reference_gpu = pytest.mark.gpu(
+    PROPS["topk.consumers_match_reference"].test("real")
+)

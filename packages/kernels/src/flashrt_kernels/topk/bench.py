@@ -84,5 +84,7 @@ def run(quick: bool = False) -> list[dict]:
                         "hint_floor_frac": fl / t_hint,
                     }
                 )
+                print({c: round(v, 2) if isinstance(v, float) else v for c, v in rows[-1].items()},
+                      flush=True)  # fmt: skip
                 del sets
     return rows

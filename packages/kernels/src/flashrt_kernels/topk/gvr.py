@@ -22,6 +22,7 @@ def capacity(k: int) -> int:
     return max(2048, min(4096, 4 * triton.next_power_of_2(k)))
 
 
-def select(scores, k, lengths, hint, out_values, out_indices, state, split=None) -> None:
+def select(scores, k, lengths, hint, out_values, out_indices, state, split=None, seeds=None,
+           block_maxima=None) -> None:  # fmt: skip
     radix.launch(scores, k, lengths, out_values, out_indices, state, hint,
-                 max(capacity(k), triton.next_power_of_2(k)), split)  # fmt: skip
+                 max(capacity(k), triton.next_power_of_2(k)), split, seeds, block_maxima)  # fmt: skip

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flashrt_kernels.checks import check_tensor
+
 BLOCK = 32  # positions per block maximum
 
 
@@ -55,3 +57,110 @@ class CandidateList:
     indices: torch.Tensor  # int32 [B, C], -1 for sentinel pads
     claimed: torch.Tensor  # int32 [B], real entries
     void: torch.Tensor  # bool [B], the producer overflowed: the list is incomplete
+
+
+MAX_LINES = 4  # seed lines consumed per row (the first four; more are ignored)
+
+
+def _outs(scores, k, out_values, out_indices):
+    b = scores.shape[0]
+    if out_values is None:
+        out_values = torch.empty((b, k), dtype=scores.dtype, device=scores.device)
+    if out_indices is None:
+        out_indices = torch.empty((b, k), dtype=torch.int32, device=scores.device)
+    return out_values, out_indices
+
+
+def _check_common(op, scores, k, lengths, out_values, out_indices, state, block_maxima):
+    from flashrt_kernels.topk.api import _validate
+
+    _validate(scores, k, lengths, out_values, out_indices, None, state)
+    b, n = scores.shape
+    if block_maxima is not None:
+        check_tensor(op, "block_maxima", block_maxima, dtypes=(torch.float32,),
+                     shape=[b, (n + BLOCK - 1) // BLOCK], device=scores.device,
+                     last_dim_contiguous=True)  # fmt: skip
+
+
+def topk_hinted(scores, k, hint, *, block_maxima=None, lengths=None, out_values=None,
+                out_indices=None, state=None):  # fmt: skip
+    """``topk`` with the previous indices and (optionally) block maxima; exact (Triton)."""
+    from flashrt_kernels.topk import gvr
+
+    _check_common("topk_hinted", scores, k, lengths, out_values, out_indices, state, block_maxima)
+    check_tensor("topk_hinted", "hint", hint, dtypes=(torch.int32,), shape=[scores.shape[0], k],
+                 device=scores.device, contiguous=True)  # fmt: skip
+    out_values, out_indices = _outs(scores, k, out_values, out_indices)
+    gvr.select(scores, k, lengths, hint, out_values, out_indices, state,
+               block_maxima=block_maxima)  # fmt: skip
+    return out_values, out_indices
+
+
+def topk_seeded(scores, k, seeds: SeedLines, *, block_maxima=None, lengths=None,
+                out_values=None, out_indices=None, state=None):  # fmt: skip
+    """Exact top-k admitted by seed lines (no counting pass); rows without an admissible line
+    run the exact radix passes. Triton only."""
+    from flashrt_kernels.topk import gvr, reference
+
+    op = "topk_seeded"
+    _check_common(op, scores, k, lengths, out_values, out_indices, state, block_maxima)
+    b = scores.shape[0]
+    check_tensor(op, "lines", seeds.lines, dtypes=(torch.float32,), shape=[b, None],
+                 device=scores.device)  # fmt: skip
+    check_tensor(op, "counts", seeds.counts, dtypes=(torch.int32,),
+                 shape=list(seeds.lines.shape), device=scores.device)  # fmt: skip
+    n_lines = min(MAX_LINES, seeds.lines.shape[1])
+    keys = torch.full((b, 4), 2**31 - 1, dtype=torch.int32, device=scores.device)
+    counts = torch.zeros((b, 4), dtype=torch.int32, device=scores.device)
+    keys[:, :n_lines] = reference.order_key(seeds.lines[:, :n_lines])
+    counts[:, :n_lines] = seeds.counts[:, :n_lines]
+    out_values, out_indices = _outs(scores, k, out_values, out_indices)
+    gvr.select(scores, k, lengths, None, out_values, out_indices, state,
+               seeds=(keys, counts), block_maxima=block_maxima)  # fmt: skip
+    return out_values, out_indices
+
+
+def list_admitted(cands: CandidateList, k: int, lengths: torch.Tensor | None, n: int):
+    """bool [B]: not void, the real entries (0 <= index < length) number ``claimed`` and >= k."""
+    idx = cands.indices.long()
+    length = n if lengths is None else lengths.long().clamp(0, n)[:, None]
+    real = ((idx >= 0) & (idx < length)).sum(1)
+    return ~cands.void & (real == cands.claimed.long()) & (real >= k)
+
+
+def topk_from_list(scores, k, cands: CandidateList, *, lengths=None, out_values=None,
+                   out_indices=None, backend="auto"):  # fmt: skip
+    """Exact top-k: admitted rows are ranked from the list alone (its values and indices, no
+    rescan); the others take the exact path. No host sync: both are computed and selected per
+    row on the device (the exact path runs for every row)."""
+    from flashrt_kernels.topk import reference
+    from flashrt_kernels.topk.api import topk
+
+    op = "topk_from_list"
+    _check_common(op, scores, k, lengths, out_values, out_indices, None, None)
+    b, n = scores.shape
+    check_tensor(op, "values", cands.values, dtypes=(scores.dtype, torch.float32), ndim=2,
+                 device=scores.device)  # fmt: skip
+    c = cands.values.shape[1]
+    check_tensor(op, "indices", cands.indices, dtypes=(torch.int32,), shape=[b, c],
+                 device=scores.device)  # fmt: skip
+    check_tensor(op, "claimed", cands.claimed, dtypes=(torch.int32,), shape=[b],
+                 device=scores.device)  # fmt: skip
+    check_tensor(op, "void", cands.void, dtypes=(torch.bool,), shape=[b], device=scores.device)
+    ok = list_admitted(cands, k, lengths, n)
+    idx = cands.indices.long()
+    length = n if lengths is None else lengths.long().clamp(0, n)[:, None]
+    real = (idx >= 0) & (idx < length)
+    comp = (reference.order_key(cands.values).long() << 32) - 1 - idx
+    comp = torch.where(real, comp, torch.full_like(comp, -(2**63)))
+    kk = min(k, c)
+    ranked = torch.sort(comp, dim=1, descending=True)
+    top, lv_pos = ranked.values[:, :kk], ranked.indices[:, :kk]
+    lv_idx = (((top >> 32) + 1) << 32) - 1 - top  # garbage only in rows that are not admitted
+    lv_val = torch.gather(cands.values, 1, lv_pos).to(scores.dtype)
+    ev, ei = topk(scores, k, lengths=lengths, out_values=out_values, out_indices=out_indices,
+                  backend=backend)  # fmt: skip
+    if kk:
+        ev[:, :kk] = torch.where(ok[:, None], lv_val, ev[:, :kk])
+        ei[:, :kk] = torch.where(ok[:, None], lv_idx.int(), ei[:, :kk])
+    return ev, ei

@@ -93,10 +93,11 @@ def _accepted(TCNT, TH, b, kk, CAP: tl.constexpr):
 
 @triton.jit
 def _pass_kernel(
-    SC, stride_s, LEN, HIST, LHIST, CNT, CAND, HINT, STATE, TCNT, TH,
-    n, k, chunk, n_split,
+    SC, stride_s, LEN, HIST, LHIST, CNT, CAND, HINT, STATE, TCNT, TH, BM, stride_bm,
+    n, k, chunk, n_split, cap,
     ROUND: tl.constexpr, HAS_LEN: tl.constexpr, HINTED: tl.constexpr, NBINS: tl.constexpr,
-    KP: tl.constexpr, CAP: tl.constexpr, STATE_WORDS: tl.constexpr, BLOCK: tl.constexpr,
+    PRECOUNTED: tl.constexpr, HAS_BMAX: tl.constexpr,
+    KP: tl.constexpr, STATE_WORDS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     s = tl.program_id(1)
@@ -108,10 +109,10 @@ def _pass_kernel(
     adm = kk * 0
     th_acc = kk * 0
     if HINTED:
-        if ROUND >= 1:
-            admitted, th_acc, _ = _accepted(TCNT, TH, b, kk, CAP)
+        if ROUND >= 1 or PRECOUNTED:
+            admitted, th_acc, _ = _accepted(TCNT, TH, b, kk, cap)
             adm = admitted.to(tl.int32)
-            if ROUND >= 2:
+            if ROUND != 1:
                 end = tl.where(adm != 0, start, end)
     krem = kk
     d0 = 0
@@ -126,7 +127,7 @@ def _pass_kernel(
     g1 = 0
     g2 = 0
     g3 = 0
-    if HINTED:
+    if HINTED and not PRECOUNTED:
         if ROUND == 0:
             g0, g1, g2, g3 = _guesses(row_ptr, HINT, STATE, b, length, k, KP, STATE_WORDS)
             gi = tl.arange(0, 4)
@@ -144,11 +145,16 @@ def _pass_kernel(
         key = _load_keys(row_ptr, idx, m)
         if adm != 0:
             take = m & (key >= th_acc)
+            if HAS_BMAX:  # a block whose maximum ranks below the threshold holds no candidate
+                sub = off // 32 + tl.arange(0, BLOCK // 32)
+                mx = tl.load(BM + b.to(tl.int64) * stride_bm + sub, mask=sub * 32 < end)
+                live = tl.max(tl.where(sub * 32 < end, _order_key(mx), -2147483647), axis=0)
+                take = take & ((lanes * 0 + (live >= th_acc).to(tl.int32)) != 0)
             n_take = tl.sum(take.to(tl.int32), axis=0)
             if n_take > 0:
                 base = tl.atomic_add(CNT + b, n_take)
                 pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
-                tl.store(CAND + b * CAP + pos, idx, mask=take)
+                tl.store(CAND + b * cap + pos, idx, mask=take)
         else:
             if ROUND == 0:
                 sel = m
@@ -163,7 +169,7 @@ def _pass_kernel(
             hist += tl.histogram(digit, NBINS)
             dropped = tl.sum((~sel).to(tl.int32), axis=0)
             hist -= tl.where(tl.arange(0, NBINS) == 0, dropped, 0)
-            if HINTED:
+            if HINTED and not PRECOUNTED:
                 if ROUND == 0:
                     c0 += tl.sum((m & (key >= g0)).to(tl.int32), axis=0)
                     c1 += tl.sum((m & (key >= g1)).to(tl.int32), axis=0)
@@ -174,7 +180,7 @@ def _pass_kernel(
         tl.atomic_add(hist_row + ROUND * NB + bins, hist, mask=hist != 0)
         if ROUND == 2:
             tl.store(LHIST + (b * n_split + s) * NB_LOW + bins, hist)
-        if HINTED:
+        if HINTED and not PRECOUNTED:
             if ROUND == 0:
                 tl.atomic_add(TCNT + b * 4 + 0, c0)
                 tl.atomic_add(TCNT + b * 4 + 1, c1)
@@ -196,9 +202,8 @@ def _threshold(hist_row, kk):
 @triton.jit
 def _collect_kernel(
     SC, stride_s, LEN, HIST, LHIST, CNT, CAND, TCNT, TH,
-    n, k, chunk, n_split,
-    HAS_LEN: tl.constexpr, HINTED: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    n, k, chunk, n_split, cap,
+    HAS_LEN: tl.constexpr, HINTED: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     s = tl.program_id(1)
@@ -207,7 +212,7 @@ def _collect_kernel(
     start = s * chunk
     end = tl.minimum(start + chunk, length)
     if HINTED:
-        admitted, _, _ = _accepted(TCNT, TH, b, kk, CAP)
+        admitted, _, _ = _accepted(TCNT, TH, b, kk, cap)
         end = tl.where(admitted, start, end)
     t, krem, _, d2 = _threshold(HIST + b * 3 * NB, kk)
     n_gt = kk - krem
@@ -225,11 +230,11 @@ def _collect_kernel(
         if n_take > 0:
             base = tl.atomic_add(CNT + b, n_take)
             pos = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
-            tl.store(CAND + b * CAP + pos, idx, mask=gt)
+            tl.store(CAND + b * cap + pos, idx, mask=gt)
         eq = m & (key == t)
         rank = ties_before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
         take = eq & (rank < krem)
-        tl.store(CAND + b * CAP + n_gt + rank, idx, mask=take)
+        tl.store(CAND + b * cap + n_gt + rank, idx, mask=take)
         ties_before += tl.sum(eq.to(tl.int32), axis=0)
 
 

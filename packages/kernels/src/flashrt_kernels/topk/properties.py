@@ -209,3 +209,127 @@ register_property(
         lambda scale: _examples(scale, True),
     )
 )
+
+
+CONSUMERS = ("seeded", "seeded_bmax", "hinted_bmax", "list")
+LINE_KINDS = ("admit", "too_many", "too_few", "nan_line")
+LIST_KINDS = ("complete", "void", "short", "claim_mismatch")
+
+
+def _consumer_cases(scale: str):
+    base = _cases(scale)
+    return st.fixed_dictionaries(
+        {
+            "base": base,
+            "consumer": st.sampled_from(CONSUMERS),
+            "line": st.sampled_from(LINE_KINDS),
+            "list": st.sampled_from(LIST_KINDS),
+            "loose": st.booleans(),  # block maxima an upper bound rather than exact
+        }
+    )
+
+
+def _consumer_examples(scale: str):
+    ex = _examples(scale)
+    out = []
+    for i, c in enumerate(CONSUMERS):
+        out.append({"base": ex[i % len(ex)], "consumer": c, "line": "admit", "list": "complete",
+                    "loose": False})  # fmt: skip
+    out.append({**out[0], "line": "too_many", "base": ex[-2]})
+    out.append({**out[3], "list": "void"})
+    return out
+
+
+def _block_maxima(x, lens, loose):
+    from flashrt_kernels.topk.hints import BLOCK
+
+    b, n = x.shape
+    keys = reference.order_key(x).float()  # rank in key space, then map back to the values
+    valid = torch.arange(n, device=x.device)[None, :] < (
+        n if lens is None else lens.long()[:, None]
+    )
+    pad = (-n) % BLOCK
+    xf = torch.where(valid, x.float(), torch.full_like(x.float(), float("-inf")))
+    xf = torch.nn.functional.pad(xf, (0, pad), value=float("-inf")).view(b, -1, BLOCK)
+    del keys
+    mx = xf.amax(-1)  # NaN-propagating: a block with a NaN has maximum NaN
+    return torch.where(torch.isnan(mx), mx, mx + 1.0) if loose else mx
+
+
+def _check_consumer(case) -> None:
+    from flashrt_kernels.topk import hints
+
+    c, base = case["consumer"], case["base"]
+    device, rows, k, n = test_device(), _rows(base), base["k"], base["cols"]
+    x = make_values(base["kind"], (rows, n), base["dtype"], base["seed"], device)
+    lens = _lengths(base, rows, device)
+    want = _expect(x, k, lens)
+    ov = poison(torch.empty((rows, k), dtype=x.dtype, device=device))
+    oi = poison(torch.empty((rows, k), dtype=torch.int32, device=device))
+    bm = _block_maxima(x, lens, case["loose"]) if c.endswith("bmax") else None
+    xc = x.cpu()
+    comp = reference.composite_key(xc, lens.cpu() if lens is not None else None)
+    keys = reference.order_key(xc)
+    valid = comp > -(2**63)
+    if c.startswith("seeded"):
+        kk = min(k, n)
+        ranks = {"admit": [kk - 1, min(n - 1, kk + kk // 2), 0], "too_many": [n - 1],
+                 "too_few": [max(0, kk // 2 - 1)], "nan_line": [0]}[case["line"]]  # fmt: skip
+        sorted_vals = torch.sort(comp, 1, descending=True).values
+        line_keys = (sorted_vals[:, ranks] >> 32) + 1
+        lines = torch.stack([torch.tensor([_key_value(int(v)) for v in r]) for r in line_keys])
+        if case["line"] == "nan_line":
+            lines[:] = float("nan")
+        lk = reference.order_key(lines)
+        counts = (valid[:, None, :] & (keys[:, None, :] >= lk[:, :, None])).sum(-1).int()
+        seeds = hints.SeedLines(lines.to(device), counts.to(device))
+        hints.topk_seeded(x, k, seeds, block_maxima=bm, lengths=lens, out_values=ov,
+                          out_indices=oi)  # fmt: skip
+        _assert_same((ov, oi), want, f"{c} top-k ({case['line']} lines)")
+    elif c == "hinted_bmax":
+        prev = want[1].to(device)
+        hints.topk_hinted(x, k, prev, block_maxima=bm, lengths=lens, out_values=ov,
+                          out_indices=oi)  # fmt: skip
+        _assert_same((ov, oi), want, "hinted top-k with block maxima")
+    else:
+        g = torch.Generator().manual_seed(base["seed"])
+        m = min(n, k + 5) if case["list"] != "short" else max(0, min(n, k) - 1)
+        top = torch.sort(comp, 1, descending=True).values[:, :m]
+        idx = ((((top >> 32) + 1) << 32) - 1 - top).int()
+        idx = torch.where(top > -(2**63), idx, torch.full_like(idx, -1))
+        width = m + 3
+        li = torch.full((rows, width), -1, dtype=torch.int32)
+        li[:, :m] = idx
+        perm = torch.argsort(torch.rand((rows, width), generator=g), 1)
+        li = torch.gather(li, 1, perm)
+        lv = torch.where(
+            li >= 0,
+            torch.gather(xc.float(), 1, li.clamp(min=0).long()),
+            torch.full((rows, width), 7.0),
+        )  # sentinel pads with a large value
+        claimed = (li >= 0).sum(1).int()
+        void = torch.zeros(rows, dtype=torch.bool)
+        if case["list"] == "void":
+            void[:] = True
+        if case["list"] == "claim_mismatch":
+            claimed += 1
+        cl = hints.CandidateList(lv.to(device), li.to(device), claimed.to(device), void.to(device))
+        admitted = hints.list_admitted(cl, k, lens, n).cpu()
+        if case["list"] == "complete" and lens is None and k <= n:
+            assert bool(admitted.all()), "a complete list of >= k real entries is admitted"
+        if case["list"] != "complete":
+            assert not bool(admitted.any()), f"a {case['list']} list must be demoted"
+        hints.topk_from_list(x, k, cl, lengths=lens, out_values=ov, out_indices=oi,
+                             backend="triton")  # fmt: skip
+        _assert_same((ov, oi), want, f"top-k from a {case['list']} candidate list")
+
+
+def _key_value(key: int) -> float:
+    return st_.key_to_value(key)
+
+
+register_property(
+    Property(
+        "topk", "consumers_match_reference", _consumer_cases, _check_consumer, _consumer_examples
+    )  # fmt: skip
+)

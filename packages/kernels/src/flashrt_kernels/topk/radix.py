@@ -58,28 +58,39 @@ def workspace(device, b: int, split: int, cap: int) -> dict[str, torch.Tensor]:
     return ws
 
 
-def launch(scores, k, lengths, out_values, out_indices, state, hint, cap, split=None) -> None:
-    """All launches of one call; ``hint`` None is the hint-free path."""
+def launch(scores, k, lengths, out_values, out_indices, state, hint, cap, split=None,
+           seeds=None, block_maxima=None) -> None:  # fmt: skip
+    """All launches of one call; ``hint`` None is the hint-free path. ``seeds`` = (keys [B, 4],
+    counts [B, 4]) replaces the guesses and their counting pass; ``block_maxima`` [B, N/32]
+    lets the collecting pass skip blocks below the accepted threshold."""
     b, n = scores.shape
     s_split, chunk, block, warps = plan(b, n, scores.device, split)
     ws = workspace(scores.device, b, s_split, cap)
     kp = triton.next_power_of_2(k)
-    has_len, hinted, has_state = lengths is not None, hint is not None, state is not None
+    has_len, has_state = lengths is not None, state is not None
+    precounted = seeds is not None
+    hinted = hint is not None or precounted
+    if precounted:
+        ws["th"].copy_(seeds[0])
+        ws["tcnt"].copy_(seeds[1])
+    has_bm = block_maxima is not None
+    bm = block_maxima if has_bm else scores
     ln = lengths if has_len else ws["cnt"]
-    hn = hint if hinted else ws["cnt"]
+    hn = hint if hint is not None else ws["cnt"]
     stt = state if has_state else ws["tcnt"]
     common = (scores, scores.stride(0), ln, ws["hist"])
     for rnd in range(3):
         kn._pass_kernel[(b, s_split)](
             *common, ws["lhist"], ws["cnt"], ws["cand"], hn, stt, ws["tcnt"], ws["th"],
-            n, k, chunk, s_split,
+            bm, bm.stride(0), n, k, chunk, s_split, cap,
             ROUND=rnd, HAS_LEN=has_len, HINTED=hinted, NBINS=kn.NB_LOW if rnd == 2 else kn.NB,
-            KP=kp, CAP=cap, STATE_WORDS=st.STATE_WORDS, BLOCK=block, num_warps=warps,
+            PRECOUNTED=precounted, HAS_BMAX=has_bm and rnd == 1, KP=kp if hinted else 1,
+            STATE_WORDS=st.STATE_WORDS, BLOCK=block, num_warps=warps,
         )  # fmt: skip
     kn._collect_kernel[(b, s_split)](
         *common, ws["lhist"], ws["cnt"], ws["cand"], ws["tcnt"], ws["th"],
-        n, k, chunk, s_split,
-        HAS_LEN=has_len, HINTED=hinted, CAP=cap, SP=triton.next_power_of_2(s_split),
+        n, k, chunk, s_split, cap,
+        HAS_LEN=has_len, HINTED=hinted, SP=triton.next_power_of_2(s_split),
         BLOCK=block, num_warps=warps,
     )  # fmt: skip
     bits = torch.int32 if scores.dtype == torch.float32 else torch.int16
