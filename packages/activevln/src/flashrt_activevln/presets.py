@@ -7,6 +7,8 @@
 | ``vision_kernel`` | "reference" | per-window / per-image attention in torch |
 |  | "segmented" | flashrt_kernels.segmented_attention (bf16/fp16): faithful |
 | ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
+|  | "batch_invariant" | flashrt_kernels.gemm.linear on decode / tree steps (bf16): faithful, |
+|  |  | a row's result independent of the row count |
 | ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
 | ``gpu_preprocess`` | bool | exact: the same bytes as the CPU Pillow path |
 | ``packed_prefill`` | False | (not built yet: True is rejected) |
@@ -54,7 +56,7 @@ class Options:
         for name, allowed in (
             ("attention_kernel", ("reference", "gqa")),
             ("vision_kernel", ("reference", "segmented")),
-            ("decode_linear", ("reference",)),
+            ("decode_linear", ("reference", "batch_invariant")),
             ("dataset", ("r2r", "rxr")),
             ("dtype", tuple(DTYPES)),
         ):

@@ -110,6 +110,7 @@ class Engine:
             rms_norm="kernel" if options.rms_norm_kernel else "reference",
             attention=options.attention_kernel,
             vision_attention=options.vision_kernel,
+            decode_linear=options.decode_linear,
         )
 
     def _sync(self):

@@ -10,6 +10,9 @@ building block, the reference or a flashrt-kernels op; every choice states its c
 - ``attention="gqa"``: flashrt_kernels.gqa_attention (split-KV GQA decode / tree verify over the
   pool) for bf16 / fp16: faithful to the reference (its stated bound), exact across batch
   compositions and padded query counts; other dtypes take the reference;
+- ``decode_linear="batch_invariant"``: flashrt_kernels.gemm.linear for the text projections of
+  decode / tree steps in bf16 (faithful: the kernel's bound, plus one rounding of the bias add;
+  exact across row counts);
 - ``vision_attention="segmented"``: flashrt_kernels.segmented_attention (per window / per image,
   variable lengths) for bf16 / fp16: faithful; other dtypes take the reference.
 """
@@ -22,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FEW_QUERIES = 64
 
 
 def rms_norm_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -70,8 +74,14 @@ class Ops:
     rms_norm: str = "reference"
     attention: str = "reference"
     vision_attention: str = "reference"
+    decode_linear: str = "reference"
 
     def __post_init__(self):
+        if self.decode_linear not in ("reference", "batch_invariant"):
+            raise ValueError(
+                "Ops.decode_linear must be 'reference' or 'batch_invariant', "
+                f"got {self.decode_linear!r}"
+            )
         if self.rms_norm not in ("reference", "kernel"):
             raise ValueError(f"Ops.rms_norm must be 'reference' or 'kernel', got {self.rms_norm!r}")
         if self.attention not in ("reference", "gqa"):
@@ -121,6 +131,18 @@ class Ops:
 
     @staticmethod
     def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, w, b)
+
+    def text_linear(self, x, w, b=None, few_queries: bool = False) -> torch.Tensor:
+        """Text-decoder projections. With ``decode_linear="batch_invariant"``, bf16 steps of at most
+        ``FEW_QUERIES`` queries per row go through flashrt_kernels.gemm.linear (fp32 accumulation
+        in one fixed K order: a row's result never depends on how many rows there are), the bias
+        added after in bf16; prefill steps keep torch's linear."""
+        if self.decode_linear == "batch_invariant" and few_queries and x.dtype == torch.bfloat16:
+            from flashrt_kernels.gemm import linear
+
+            y = linear(x.reshape(-1, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
+            return y if b is None else y + b
         return F.linear(x, w, b)
 
     @staticmethod

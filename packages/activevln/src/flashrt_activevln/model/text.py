@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from flashrt_activevln.config import TextConfig
-from flashrt_activevln.model.ops import Ops
+from flashrt_activevln.model.ops import FEW_QUERIES, Ops
 from flashrt_activevln.model.rope import apply_text_rope, mrope_cos_sin
 
 
@@ -75,22 +75,24 @@ def decoder_forward(
     extent = int(lengths.max()) + q  # the reference path's one host read
     if extent > pool.capacity:
         raise ValueError(f"decoder_forward: KV extent {extent} exceeds capacity {pool.capacity}")
+    few = q <= FEW_QUERIES
+    lin = ops.text_linear
     x = embeds
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         h = ops.norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        qs = ops.linear(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"])
-        ks = ops.linear(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"])
-        vs = ops.linear(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"])
+        qs = lin(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"], few)
+        ks = lin(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"], few)
+        vs = lin(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"], few)
         qs = apply_text_rope(qs.view(b, q, nh, hd).transpose(1, 2), cos, sin)
         ks = apply_text_rope(ks.view(b, q, nkv, hd).transpose(1, 2), cos, sin)
         vs = vs.view(b, q, nkv, hd)
         pool.write(i, slots, ks.transpose(1, 2), vs)
         a = ops.attend_pool(qs, pool.k[i], pool.v[i], lengths, new_visible, extent, hd**-0.5)
         a = a.reshape(b, q, nh * hd)
-        x = x + ops.linear(a, w[p + "self_attn.o_proj.weight"])
+        x = x + lin(a, w[p + "self_attn.o_proj.weight"], None, few)
         h = ops.norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        g = ops.linear(h, w[p + "mlp.gate_proj.weight"])
-        u = ops.linear(h, w[p + "mlp.up_proj.weight"])
-        x = x + ops.linear(ops.swiglu(g, u), w[p + "mlp.down_proj.weight"])
+        g = lin(h, w[p + "mlp.gate_proj.weight"], None, few)
+        u = lin(h, w[p + "mlp.up_proj.weight"], None, few)
+        x = x + lin(ops.swiglu(g, u), w[p + "mlp.down_proj.weight"], None, few)
     return ops.norm(x, w["model.norm.weight"], cfg.rms_norm_eps)

@@ -1,0 +1,53 @@
+"""Kernel options of the fast preset on a decode step in bf16: a row's hidden states do not
+depend on which other rows share the step (batch invariance), and stay faithful to the
+reference options. (On this CPU the reference ops are row-invariant at these sizes as well;
+the invariance check is meant for the kernels' GPU paths, where cuBLAS is not.)"""
+
+import torch
+
+from flashrt_activevln.config import tiny
+from flashrt_activevln.model import Ops, Qwen25VL
+from flashrt_activevln.weights import random_state
+
+FAST = Ops(
+    rms_norm="kernel",
+    attention="gqa",
+    vision_attention="segmented",
+    decode_linear="batch_invariant",
+)
+
+
+def _decode_step(model, rows, seed):
+    """A committed prefix of 20 random tokens per row, then one step of 1 pending token + a
+    3-node tree; returns row 0's hidden states."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.cfg.text
+    pool = model.new_pool(rows, 64)
+    n = 20
+    pre = torch.randint(0, cfg.vocab_size, (rows, n), generator=g)
+    pre[0] = torch.arange(n) % cfg.vocab_size  # row 0 is the same in every batch
+    pos = torch.arange(n).expand(3, rows, n)
+    causal = torch.ones(n, n, dtype=torch.bool).tril().expand(rows, n, n)
+    zeros = torch.zeros(rows, dtype=torch.long)
+    model.decode(model.embed(pre), pos, pool, zeros, causal)
+    ids = torch.randint(0, cfg.vocab_size, (rows, 4), generator=g)
+    ids[0] = torch.tensor([3, 5, 7, 9])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    depth = torch.tensor([0, 1, 1, 2])
+    p = (n + depth).expand(3, rows, 4)
+    h = model.decode(model.embed(ids), p, pool, torch.full((rows,), n), tree.expand(rows, 4, 4))
+    return h[0]
+
+
+def test_fast_kernels_batch_invariant_and_faithful():
+    cfg = tiny()
+    w = random_state(cfg, seed=2, std=0.2, dtype=torch.bfloat16)
+    fast = Qwen25VL(cfg, w, FAST)
+    one, three, eight = (_decode_step(fast, b, seed=b) for b in (1, 3, 8))
+    assert torch.equal(one, three) and torch.equal(one, eight)
+    ref = _decode_step(Qwen25VL(cfg, w, Ops()), 1, seed=1).float()
+    w64 = {k: v.double() for k, v in w.items()}
+    exact = _decode_step(Qwen25VL(cfg, w64, Ops()), 1, seed=1)
+    e_ref = (ref.double() - exact).abs().max().item()
+    e_fast = (one.double() - exact).abs().max().item()
+    assert e_fast <= 2 * e_ref + 1e-2, (e_fast, e_ref)
