@@ -44,7 +44,8 @@ class Qwen25VL:
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(hidden, self.w["lm_head.weight"])
+        """LM head over the few rows that are verified (batch-invariant with that option)."""
+        return self.ops.text_linear(hidden, self.w["lm_head.weight"], None, few_queries=True)
 
     def full_logits(
         self, ids: list[int], pixel_values: torch.Tensor | None, grids: list[tuple[int, int, int]]
