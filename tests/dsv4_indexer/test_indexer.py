@@ -152,7 +152,9 @@ def test_cold_and_invalid_rows_get_lines_that_emit_nothing():
 # hazard 4: routing on live lengths ----------------------------------------------------------------
 def test_short_rows_in_a_long_engine_route_on_live_lengths():
     assert routing.plan_tier([300, 500]) == "none"
-    assert routing.plan_tier([300, 100_000]) == "list"
+    assert routing.plan_tier([300, 100_000]) == "rungs"  # the list tier is off by default
+    with_list = routing.RoutingPolicy(list_max_batch=4)
+    assert routing.plan_tier([300, 100_000], policy=with_list) == "list"
     assert routing.plan_tier([70_000] * 64) == "counts"
     assert routing.plan_tier([4096] * 8) == "rungs"
     assert routing.plan_tier([100_000], warm_rows=0) == "none"
@@ -244,7 +246,7 @@ def test_real_chain_steps_are_exact_gpu(preset, fmt, slots, lens, next_n):
     cfg = config.preset(preset).with_(key_format=fmt)
     spec = chains.ChainSpec(slots=slots, min_len=lens[0], max_len=lens[1], next_n=next_n,
                             churn=0.2, compact=0.2, seed=12, steps_headroom=8)  # fmt: skip
-    ix, ch = make(cfg, spec, "cuda")
+    ix, ch = make(cfg, spec, "cuda", policy=routing.RoutingPolicy(list_max_batch=4))
     for _ in range(3):
         st_ = ch.step()
         top = chains.drive(ix, st_, next_n)

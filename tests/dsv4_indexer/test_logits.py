@@ -29,8 +29,9 @@ def build(case, device):
     n_max = pages * page
     keys = make_values(case["kind"], (b, n_max, d), torch.float32, case["seed"], scale=2.0)
     for r in range(b):
-        cache.write(bt.cpu(), torch.full((n_max,), r), torch.arange(n_max),
-                    kc.hadamard_rotate(keys[r]))  # fmt: skip
+        rows = torch.full((n_max,), r, device=device)
+        cache.write(bt, rows, torch.arange(n_max, device=device),
+                    kc.hadamard_rotate(keys[r]).to(device))  # fmt: skip
     lens = reference.row_lengths(seq, nn, 1).to(device)
     q = kc.hadamard_rotate(make_values("normal", (b * nn, h, d), torch.float32, case["seed"] + 1))
     w = make_values("normal", (b * nn, h), torch.float32, case["seed"] + 2)

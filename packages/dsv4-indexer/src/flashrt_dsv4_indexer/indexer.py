@@ -234,7 +234,8 @@ class CapturedStep:
         self.q.copy_(q)
         self.weights.copy_(weights)
         self.seq_lens.copy_(seq_lens)
-        self.block_table.copy_(block_table[:, : self.pages])
+        cols = min(self.pages, block_table.shape[1])  # pages past every row's end are never read
+        self.block_table[:, :cols].copy_(block_table[:, :cols])
         self.buf.slot_index.copy_(torch.tensor(slots, dtype=torch.int64))
         self.graph.replay()
         ix.state.mark_warm(slots)
