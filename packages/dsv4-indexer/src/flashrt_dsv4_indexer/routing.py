@@ -24,7 +24,7 @@ class RoutingPolicy:
     min_assist_n: int = 2048
     list_min_n: int = 65536
     # 0: the list tier is off by default. Measured on the H200 (docs/dsv4-indexer.md): its
-    # emission costs 3.5-4.6x the plain logits kernel and the list consumer runs the exact path
+    # emission costs 2.7-4.8x the plain logits kernel and the list consumer runs the exact path
     # too, so it lost (0.58x) on every cell it was picked; pass a policy to turn it on.
     list_max_batch: int = 0
     counts_min_work: int = 1 << 22  # batch * n
