@@ -148,12 +148,13 @@ def _paged_indexer_logits_kernel(
                         sel = sel & (logit < hi[:, None])
                     si = sel.to(tl.int32)
                     n = tl.sum(si, axis=1)
-                    base = tl.atomic_add(CLAIM + rows * 3 + sg, n, mask=q_ok & (n > 0))
-                    at = base[:, None] + tl.cumsum(si, axis=1) - 1
-                    keep = sel & (at < seg_cap)
-                    dst = rows[:, None] * (3 * seg_cap) + sg * seg_cap + at
-                    tl.store(LVAL + dst, logit, mask=keep)
-                    tl.store(LIDX + dst, (j[None, :] + 0 * at).to(tl.int32), mask=keep)
+                    if tl.sum(n, 0) > 0:  # most pages hold no candidate: skip the claim
+                        base = tl.atomic_add(CLAIM + rows * 3 + sg, n, mask=q_ok & (n > 0))
+                        at = base[:, None] + tl.cumsum(si, axis=1) - 1
+                        keep = sel & (at < seg_cap)
+                        dst = rows[:, None] * (3 * seg_cap) + sg * seg_cap + at
+                        tl.store(LVAL + dst, logit, mask=keep)
+                        tl.store(LIDX + dst, (j[None, :] + 0 * at).to(tl.int32), mask=keep)
         else:
             if FILL_PAD:
                 tl.store(optr, tl.full((NQ, PAGE), float("-inf"), tl.float32), mask=q_ok[:, None])
