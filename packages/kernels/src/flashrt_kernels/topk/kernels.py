@@ -51,7 +51,7 @@ def _pick(hist_ptr, krem, NBINS: tl.constexpr):
 
 @triton.jit
 def _row_setup(LEN, b, n, k, HAS_LEN: tl.constexpr):
-    length = n
+    length = n + b * 0  # a tensor even where n is specialized to a constant
     if HAS_LEN:
         length = tl.minimum(tl.maximum(tl.load(LEN + b), 0), n)
     return length, tl.minimum(length, k)

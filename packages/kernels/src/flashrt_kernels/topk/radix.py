@@ -53,6 +53,7 @@ def workspace(device, b: int, split: int, cap: int) -> dict[str, torch.Tensor]:
             "th": torch.zeros((b, 4), **i32),
             "lhist": torch.zeros((b, split, kn.NB_LOW), **i32),
             "cand": torch.zeros((b, cap), **i32),
+            "no_state": torch.zeros((b, st.STATE_WORDS), **i32),  # read as "no valid state"
         }
         _WORKSPACES[key] = ws
     return ws
@@ -77,7 +78,7 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, cap, split=
     bm = block_maxima if has_bm else scores
     ln = lengths if has_len else ws["cnt"]
     hn = hint if hint is not None else ws["cnt"]
-    stt = state if has_state else ws["tcnt"]
+    stt = state if has_state else ws["no_state"]
     common = (scores, scores.stride(0), ln, ws["hist"])
     for rnd in range(3):
         kn._pass_kernel[(b, s_split)](
