@@ -25,6 +25,7 @@ def _compare(
     ref_overrides=None,
     random_config="tiny",
     fast_preset="fast",
+    hf=False,
 ):
     """Replays with the reference preset and ``fast_preset``; ``checkpoint`` None: in-memory
     random weights of ``random_config``."""
@@ -39,8 +40,17 @@ def _compare(
     common = {"dtype": dtype, "constrain_to_grammar": True, "max_new_tokens": 24}
     ref_opt = preset("reference", **{**common, **(ref_overrides or {})})
     fast_opt = preset(fast_preset, **{**common, **(fast_overrides or {})})
-    ref, ref_stats = run_replay(engine(ref_opt), episodes, progress, "reference")
+    ref_engine = engine(ref_opt)
+    ref, ref_stats = run_replay(ref_engine, episodes, progress, "reference")
     fast, fast_stats = run_replay(engine(fast_opt), episodes, progress, fast_preset)
+    if hf:
+        from flashrt_activevln.hf_baseline import hf_model, replay_hf
+
+        model = hf_model(ref_engine.model.cfg, ref_engine.model.w)
+        replies = {k: r.tokens for k, r in ref.items()}
+        _, seconds = replay_hf(model, ref_engine.proc, episodes, replies)
+        ref_stats["hf_generate_ms_per_frame"] = 1000 * sum(seconds) / max(len(seconds), 1)
+        ref_stats["hf_frames"] = len(seconds)
     return ref_stats, fast_stats, agreement(fast, ref), fast_opt
 
 
@@ -99,6 +109,9 @@ def register(subparsers) -> None:
     bp.add_argument("--dtype", default="bfloat16")
     bp.add_argument("--device", default=None)
     bp.add_argument("--out", default=None, help="write the results as JSON here")
+    bp.add_argument(
+        "--hf", action="store_true", help="also time HF transformers generate at B=1 (same work)"
+    )
     bp.set_defaults(func=_bench)
 
 
@@ -147,6 +160,7 @@ def _bench(args) -> int:
         fast_overrides=overrides,
         random_config=args.random_config,
         fast_preset=args.preset,
+        hf=args.hf,
     )
     rows = []
     for name, s in (("plain (reference, B=1, no tree)", ref), (f"preset {args.preset}", fast)):
@@ -164,6 +178,13 @@ def _bench(args) -> int:
         )
     print(markdown_table(rows))
     print(f"identical replies: {same}/{n} frames")
+    if "hf_generate_ms_per_frame" in ref:
+        hf_ms = ref["hf_generate_ms_per_frame"]
+        fast_ms = 1000 / max(fast["frames_per_second_wall"], 1e-9)
+        print(
+            f"HF transformers generate, B=1: {hf_ms:.1f} ms/frame over {ref['hf_frames']} frames; "
+            f"preset {args.preset} {fast_ms:.1f} ms/frame ({hf_ms / fast_ms:.1f}x)"
+        )
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"reference": ref, "fast": fast, "identical": [same, n]}, fh, indent=2)

@@ -209,9 +209,13 @@ class Engine:
         ids_t = torch.zeros(b, q, dtype=torch.long)
         pos_t = torch.zeros(3, b, q, dtype=torch.long)
         vis = torch.eye(q, dtype=torch.bool).repeat(b, 1, 1)
+        img_mask = torch.zeros(b, q, dtype=torch.bool)
         for r, (chain, (nodes, parents)) in enumerate(zip(chains, drafts, strict=True)):
             c = len(chain)
             ids_t[r, :c] = torch.tensor(chain)
+            if r in turns:
+                k = c - len(turns[r].ids)
+                img_mask[r, k:c] = torch.tensor(turns[r].ids) == self.model.cfg.image_token_id
             pos_t[:, r, :c] = chain_pos[r]
             vis[r, :c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
             for i, (node, parent) in enumerate(zip(nodes, parents, strict=True)):
@@ -224,7 +228,11 @@ class Engine:
         lengths = torch.tensor([row.length if row else 0 for row in rows], dtype=torch.long)
         ids_d = ids_t.to(dev)
         hidden = self.model.decode(
-            self.model.embed(ids_d, image), pos_t.to(dev), self.pool, lengths.to(dev), vis.to(dev)
+            self.model.embed(ids_d, image, img_mask.to(dev)),
+            pos_t.to(dev),
+            self.pool,
+            lengths.to(dev),
+            vis.to(dev),
         )
         self.stats.forwards += 1
         for r, row in enumerate(rows):

@@ -30,11 +30,18 @@ class Qwen25VL:
         plan = VisionPlan(self.cfg.vision, grids, self.device)
         return vision_forward(self.w, self.cfg.vision, pixel_values.to(self.device), plan, self.ops)
 
-    def embed(self, ids: torch.Tensor, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [B, Q] -> [B, Q, H]; image-token positions take ``image_embeds`` rows in order."""
+    def embed(
+        self,
+        ids: torch.Tensor,
+        image_embeds: torch.Tensor | None = None,
+        image_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """ids [B, Q] -> [B, Q, H]; the image slots (``image_mask``, default: every image token)
+        take ``image_embeds`` rows in order. The runtime passes the mask of its turns' image
+        spans, so an image token that a reply happens to contain is embedded as a token."""
         x = self.w["model.embed_tokens.weight"][ids]
         if image_embeds is not None:
-            mask = ids == self.cfg.image_token_id
+            mask = ids == self.cfg.image_token_id if image_mask is None else image_mask
             x = x.masked_scatter(mask[..., None], image_embeds.to(x.dtype))
         return x
 
