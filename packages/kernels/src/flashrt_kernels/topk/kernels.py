@@ -239,6 +239,55 @@ def _collect_kernel(
 
 
 @triton.jit
+def _emit(row_ptr, bits_ptr, b, CAND, n_cand, kk, k, length, OV, OI, STATE, TCNT, TH,
+          acc_key, acc_cnt, path, HINTED: tl.constexpr, HAS_STATE: tl.constexpr,
+          CAP: tl.constexpr, STATE_WORDS: tl.constexpr):  # fmt: skip
+    """Sort the row's n_cand candidates on (key, -index), write the first k (pads past kk) and
+    publish the row's state."""
+    slots = tl.arange(0, CAP)
+    live = slots < n_cand
+    idx = tl.load(CAND + b * CAP + slots, mask=live, other=0)
+    key = _load_keys(row_ptr, idx, live)
+    comp = (key.to(tl.int64) << 32) - 1 - idx.to(tl.int64)
+    comp = tl.where(live, comp, tl.full([CAP], -1, tl.int64) << 63)
+    comp = tl.sort(comp, descending=True)
+    key_s = (comp >> 32) + 1
+    idx_s = ((key_s << 32) - 1 - comp).to(tl.int32)
+    out_ok = slots < kk
+    # values are copied as raw bits (bits_ptr / OV are integer views): NaN payloads survive
+    bits = tl.load(bits_ptr + idx_s, mask=out_ok, other=0)
+    pad = (
+        tl.full([CAP], float("-inf"), tl.float32)
+        .to(row_ptr.dtype.element_ty)
+        .to(bits_ptr.dtype.element_ty, bitcast=True)
+    )
+    wr = slots < k
+    tl.store(OV + b * k + slots, tl.where(out_ok, bits, pad), mask=wr)
+    tl.store(OI + b * k + slots, tl.where(out_ok, idx_s, -1), mask=wr)
+    if HAS_STATE:
+        kth = tl.sum(tl.where(slots == kk - 1, key_s, 0), axis=0).to(tl.int32)
+        w = tl.arange(0, 32)  # STATE_WORDS <= 32
+        row = tl.zeros([32], dtype=tl.int32)
+        row = tl.where(w == 0, (kk > 0).to(tl.int32), row)
+        row = tl.where(w == 1, kth, row)
+        row = tl.where(w == 2, acc_key, row)
+        row = tl.where(w == 3, acc_cnt, row)
+        row = tl.where(w == 5, path, row)
+        row = tl.where(w == 6, length, row)
+        row = tl.where(w == 7, k, row)
+        if HINTED:
+            row = tl.where(w == 4, 4, row)
+            gi = w - 8
+            tmask = (gi >= 0) & (gi < 4)
+            th = tl.load(TH + b * 4 + gi, mask=tmask, other=0)
+            row = tl.where(tmask, th, row)
+            ci = w - 8 - (STATE_WORDS - 8) // 2
+            cmask = (ci >= 0) & (ci < 4)
+            row = tl.where(cmask, tl.load(TCNT + b * 4 + ci, mask=cmask, other=0), row)
+        tl.store(STATE + b * STATE_WORDS + w, row, mask=w < STATE_WORDS)
+
+
+@triton.jit
 def _finish_kernel(
     SC, stride_s, LEN, HIST, CNT, CAND, TCNT, TH, STATE, OV, OI, SCB,
     n, k,
@@ -254,55 +303,17 @@ def _finish_kernel(
     cnt_acc = kk * 0
     if HINTED:
         admitted, th_acc, cnt_acc = _accepted(TCNT, TH, b, kk, CAP)
+    if admitted:
+        acc_key = th_acc
+        acc_cnt = cnt_acc
+    else:
+        t, krem, ties, _ = _threshold(hist_row, kk)
+        acc_key = t
+        acc_cnt = kk - krem + ties
     n_cand = tl.where(admitted, cnt_acc, kk)
-    slots = tl.arange(0, CAP)
-    live = slots < n_cand
-    idx = tl.load(CAND + b * CAP + slots, mask=live, other=0)
-    key = _load_keys(row_ptr, idx, live)
-    comp = (key.to(tl.int64) << 32) - 1 - idx.to(tl.int64)
-    comp = tl.where(live, comp, tl.full([CAP], -1, tl.int64) << 63)
-    comp = tl.sort(comp, descending=True)
-    key_s = (comp >> 32) + 1
-    idx_s = ((key_s << 32) - 1 - comp).to(tl.int32)
-    out_ok = slots < kk
-    # values are copied as raw bits (SCB / OV are integer views): NaN payloads survive
-    bits = tl.load(SCB + b.to(tl.int64) * stride_s + idx_s, mask=out_ok, other=0)
-    pad = (
-        tl.full([CAP], float("-inf"), tl.float32)
-        .to(SC.dtype.element_ty)
-        .to(SCB.dtype.element_ty, bitcast=True)
-    )
-    wr = slots < k
-    tl.store(OV + b * k + slots, tl.where(out_ok, bits, pad), mask=wr)
-    tl.store(OI + b * k + slots, tl.where(out_ok, idx_s, -1), mask=wr)
-    if HAS_STATE:
-        kth = tl.sum(tl.where(slots == kk - 1, key_s, 0), axis=0).to(tl.int32)
-        w = tl.arange(0, 32)  # STATE_WORDS <= 32
-        if admitted:
-            acc_key = th_acc
-            acc_cnt = cnt_acc
-        else:
-            t, krem, ties, _ = _threshold(hist_row, kk)
-            acc_key = t
-            acc_cnt = kk - krem + ties
-        row = tl.zeros([32], dtype=tl.int32)
-        row = tl.where(w == 0, (kk > 0).to(tl.int32), row)
-        row = tl.where(w == 1, kth, row)
-        row = tl.where(w == 2, acc_key, row)
-        row = tl.where(w == 3, acc_cnt, row)
-        row = tl.where(w == 5, admitted.to(tl.int32), row)
-        row = tl.where(w == 6, length, row)
-        row = tl.where(w == 7, k, row)
-        if HINTED:
-            row = tl.where(w == 4, 4, row)
-            gi = w - 8
-            tmask = (gi >= 0) & (gi < 4)
-            th = tl.load(TH + b * 4 + gi, mask=tmask, other=0)
-            row = tl.where(tmask, th, row)
-            ci = w - 8 - (STATE_WORDS - 8) // 2
-            cmask = (ci >= 0) & (ci < 4)
-            row = tl.where(cmask, tl.load(TCNT + b * 4 + ci, mask=cmask, other=0), row)
-        tl.store(STATE + b * STATE_WORDS + w, row, mask=w < STATE_WORDS)
+    _emit(row_ptr, SCB + b.to(tl.int64) * stride_s, b, CAND, n_cand, kk, k, length, OV, OI,
+          STATE, TCNT, TH, acc_key, acc_cnt, admitted.to(tl.int32), HINTED, HAS_STATE, CAP,
+          STATE_WORDS)  # fmt: skip
     # restore the workspace this row owns to zero for the next call
     bins = tl.arange(0, NB)
     tl.store(hist_row + bins, tl.zeros([NB], dtype=tl.int32))
@@ -311,3 +322,82 @@ def _finish_kernel(
     tl.store(CNT + b, 0)
     if HINTED:
         tl.store(TCNT + b * 4 + tl.arange(0, 4), tl.zeros([4], dtype=tl.int32))
+
+
+@triton.jit
+def _pick_reg(h, krem, NBINS: tl.constexpr):
+    bins = tl.arange(0, NBINS)
+    total = tl.sum(h, axis=0)
+    inc = total - tl.cumsum(h, axis=0) + h
+    d = tl.sum((inc >= krem).to(tl.int32), axis=0) - 1
+    above = tl.sum(tl.where(bins == d, inc - h, 0), axis=0)
+    return d, krem - above
+
+
+@triton.jit
+def _row_hist(row_ptr, length, top, prefix22, ROUND: tl.constexpr, NBINS: tl.constexpr,
+              BLOCK: tl.constexpr):  # fmt: skip
+    hist = tl.zeros([NBINS], dtype=tl.int32)
+    lanes = tl.arange(0, BLOCK)
+    for off in range(0, length, BLOCK):
+        idx = off + lanes
+        m = idx < length
+        key = _load_keys(row_ptr, idx, m)
+        if ROUND == 0:
+            sel = m
+            digit = ((key >> 21) & 2047) ^ 1024
+        elif ROUND == 1:
+            sel = m & ((key >> 21) == top)
+            digit = (key >> 10) & 2047
+        else:
+            sel = m & ((key >> 10) == prefix22)
+            digit = key & 1023
+        digit = tl.where(sel, digit, 0)
+        hist += tl.histogram(digit, NBINS)
+        dropped = tl.sum((~sel).to(tl.int32), axis=0)
+        hist -= tl.where(tl.arange(0, NBINS) == 0, dropped, 0)
+    return hist
+
+
+@triton.jit
+def _row_select_kernel(
+    SC, stride_s, LEN, CAND, STATE, OV, OI, SCB,
+    n, k,
+    HAS_LEN: tl.constexpr, HAS_STATE: tl.constexpr, CAP: tl.constexpr,
+    STATE_WORDS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The whole hint-free select of one row in one program (short rows / large batches): the
+    three histogram rounds in registers, the collect with running counters, the sort."""
+    b = tl.program_id(0)
+    row_ptr = SC + b.to(tl.int64) * stride_s
+    length, kk = _row_setup(LEN, b, n, k, HAS_LEN)
+    h0 = _row_hist(row_ptr, length, 0, 0, 0, NB, BLOCK)
+    d0, krem = _pick_reg(h0, kk, NB)
+    top = d0 - 1024
+    h1 = _row_hist(row_ptr, length, top, 0, 1, NB, BLOCK)
+    d1, krem = _pick_reg(h1, krem, NB)
+    prefix22 = top * 2048 + d1
+    h2 = _row_hist(row_ptr, length, top, prefix22, 2, NB_LOW, BLOCK)
+    d2, krem = _pick_reg(h2, krem, NB_LOW)
+    t = (top << 21) | (d1 << 10) | d2
+    ties = tl.sum(tl.where(tl.arange(0, NB_LOW) == d2, h2, 0), axis=0)
+    n_gt = kk - krem
+    gt_seen = kk * 0
+    ties_seen = kk * 0
+    lanes = tl.arange(0, BLOCK)
+    for off in range(0, length, BLOCK):
+        idx = off + lanes
+        m = idx < length
+        key = _load_keys(row_ptr, idx, m)
+        gt = m & (key > t)
+        pos = gt_seen + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+        tl.store(CAND + b * CAP + pos, idx, mask=gt)
+        gt_seen += tl.sum(gt.to(tl.int32), axis=0)
+        eq = m & (key == t)
+        rank = ties_seen + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+        tl.store(CAND + b * CAP + n_gt + rank, idx, mask=eq & (rank < krem))
+        ties_seen += tl.sum(eq.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the candidates written above are read back by other threads
+    _emit(row_ptr, SCB + b.to(tl.int64) * stride_s, b, CAND, kk, kk, k, length, OV, OI,
+          STATE, CAND, CAND, t, kk - krem + ties, kk * 0, False, HAS_STATE, CAP,
+          STATE_WORDS)  # fmt: skip

@@ -79,6 +79,15 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, cap, split=
     ln = lengths if has_len else ws["cnt"]
     hn = hint if hint is not None else ws["cnt"]
     stt = state if has_state else ws["no_state"]
+    bits = torch.int32 if scores.dtype == torch.float32 else torch.int16
+    if s_split == 1 and not hinted:
+        kn._row_select_kernel[(b,)](
+            scores, scores.stride(0), ln, ws["cand"], stt, out_values.view(bits), out_indices,
+            scores.view(bits), n, k,
+            HAS_LEN=has_len, HAS_STATE=has_state, CAP=cap, STATE_WORDS=st.STATE_WORDS,
+            BLOCK=block, num_warps=warps,
+        )  # fmt: skip
+        return
     common = (scores, scores.stride(0), ln, ws["hist"])
     for rnd in range(3):
         kn._pass_kernel[(b, s_split)](
@@ -94,7 +103,6 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, cap, split=
         HAS_LEN=has_len, HINTED=hinted, SP=triton.next_power_of_2(s_split),
         BLOCK=block, num_warps=warps,
     )  # fmt: skip
-    bits = torch.int32 if scores.dtype == torch.float32 else torch.int16
     kn._finish_kernel[(b,)](
         *common, ws["cnt"], ws["cand"], ws["tcnt"], ws["th"], stt, out_values.view(bits),
         out_indices, scores.view(bits),
