@@ -126,3 +126,57 @@ test_consumers_match_reference = PROPS["topk.consumers_match_reference"].test("s
 test_consumers_match_reference_gpu = pytest.mark.gpu(
     PROPS["topk.consumers_match_reference"].test("real")
 )
+
+
+def test_empty_rows_and_strided_rows():
+    v, i = topk(torch.empty(2, 0), 3, backend="triton")
+    assert (i == -1).all() and (v == float("-inf")).all()
+    x = torch.randn(3, 500)[:, 10:310]  # row stride 500, unit column stride
+    want = reference.topk(x, 20)
+    for hint in (None, want[1]):
+        got = topk(x, 20, hint=hint, backend="triton")
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+_AOT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashrt_kernels.topk import kernels as kn
+P = {a: "*i32" for a in ["LEN", "HIST", "LHIST", "CNT", "CAND", "HINT", "STATE", "TCNT", "TH",
+                         "OI", "OV", "SCB"]}
+P.update(SC="*fp32", BM="*fp32")
+def comp(fn, const):
+    sig, cx = {}, {}
+    for i, a in enumerate(fn.arg_names):
+        if a in const:
+            sig[a], cx[(i,)] = "constexpr", const[a]
+        else:
+            sig[a] = P.get(a, "i32")
+    src = ASTSource(fn=fn, signature=sig, constexprs=cx)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+comp(kn._row_select_kernel, dict(HAS_LEN=True, HAS_STATE=True, CAP=2048, STATE_WORDS=24,
+                                 BLOCK=2048))
+comp(kn._pass_kernel, dict(ROUND=1, HAS_LEN=True, HINTED=True, NBINS=2048, PRECOUNTED=False,
+                           HAS_BMAX=True, KP=512, STATE_WORDS=24, BLOCK=2048))
+comp(kn._finish_kernel, dict(HAS_LEN=True, HINTED=True, HAS_STATE=True, CAP=4096, KO=4096,
+                             STATE_WORDS=24))
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_sm90_without_a_gpu():
+    """Ahead-of-time compile (Triton's ptxas, no device) of the three largest kernel variants."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    spec = importlib.util.find_spec("triton")
+    ptxas = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("this Triton has no bundled ptxas")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
