@@ -58,12 +58,15 @@ def run_tests(paths: list[str], out: Path, extra: list[str]) -> dict:
 def run_benchmarks(names: list[str], out: Path, quick: bool) -> list[tuple[str, str, float]]:
     sys.path[:0] = SRC_DIRS
     from flashrt_kernels.benchmarking import markdown_table, write_results
-    from flashrt_kernels.registry import benchmarks
+    from flashrt_kernels.registry import benchmarks, import_errors
 
     registered = benchmarks()
+    done = []
+    for module, err in import_errors().items():
+        print(f"could not import {module}: {err}")
+        done.append((module, f"error: {err}", 0.0))
     if names == ["all"]:
         names = list(registered)
-    done = []
     for name in names:
         if name not in registered:
             print(f"unknown benchmark {name!r}; registered: {list(registered)}")

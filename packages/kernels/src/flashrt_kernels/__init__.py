@@ -19,7 +19,23 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _OPS = {
     "rms_norm": "flashrt_kernels.norm",
-}
+    **dict.fromkeys(
+        ("gqa_attention", "packed_prefill_attention", "segmented_attention", "KVPool",
+         "workspace_numel", "pack_tree_mask"),
+        "flashrt_kernels.attention",
+    ),
+    "topk": "flashrt_kernels.topk",
+    **dict.fromkeys(
+        ("linear", "linear_qkv", "linear_gate_up_swiglu", "w4a8_linear", "fp8_linear",
+         "nvfp4_linear"),
+        "flashrt_kernels.gemm",
+    ),
+    **dict.fromkeys(
+        ("quantize_rows", "rms_norm_quantize", "silu_mul", "silu_mul_quantize",
+         "layer_norm_quantize", "rotate_quantize_rows", "quantize_rows_nvfp4"),
+        "flashrt_kernels.quant",
+    ),
+}  # fmt: skip
 
 __all__ = ["BACKENDS", "__version__", "available_backends", "device_capability", *_OPS]
 

@@ -63,6 +63,7 @@ class Benchmark:
 
 _PROPERTIES: dict[str, Property] = {}
 _BENCHMARKS: dict[str, Benchmark] = {}
+_IMPORT_ERRORS: dict[str, str] = {}
 
 
 def register_property(prop: Property) -> Property:
@@ -86,12 +87,21 @@ def _import_family_modules(module: str) -> None:
     import flashrt_kernels
 
     for info in pkgutil.iter_modules(flashrt_kernels.__path__):
-        if info.ispkg:
-            try:
-                importlib.import_module(f"flashrt_kernels.{info.name}.{module}")
-            except ModuleNotFoundError as err:
-                if err.name != f"flashrt_kernels.{info.name}.{module}":
-                    raise
+        if not info.ispkg:
+            continue
+        name = f"flashrt_kernels.{info.name}.{module}"
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:
+                _IMPORT_ERRORS[name] = f"{type(err).__name__}: {err}"
+        except Exception as err:  # one broken family must not hide the others
+            _IMPORT_ERRORS[name] = f"{type(err).__name__}: {err}"
+
+
+def import_errors() -> dict[str, str]:
+    """Family modules that failed to import (module -> error), after properties()/benchmarks()."""
+    return dict(_IMPORT_ERRORS)
 
 
 def properties() -> dict[str, Property]:

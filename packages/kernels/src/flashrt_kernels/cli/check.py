@@ -28,7 +28,7 @@ def run(args) -> int:
 
     from hypothesis import settings
 
-    from flashrt_kernels.registry import properties
+    from flashrt_kernels.registry import import_errors, properties
     from flashrt_kernels.testing.profiles import register_profiles
 
     register_profiles()
@@ -62,5 +62,9 @@ def run(args) -> int:
             {"op": prop.op, "property": prop.name, "scale": scale, "examples": args.examples,
              "seconds": round(time.time() - t0, 1), "result": result}
         )  # fmt: skip
+    for module, err in import_errors().items():
+        failed += 1
+        rows.append({"op": module, "property": "import", "scale": scale, "examples": 0,
+                     "seconds": 0.0, "result": f"FAIL: {err}"[:130]})  # fmt: skip
     print(markdown_table(rows))
     return 1 if failed else 0

@@ -19,8 +19,8 @@ import triton.language as tl
 
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_choice, check_float, check_out, check_tensor
-from flashrt_kernels.norm.rms_norm import _load_segment as norm_load_segment
 from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
+from flashrt_kernels.norm.rms_norm import load_segment as norm_load_segment
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import quantize_tile, quantize_tile_amax, swiglu
 from flashrt_kernels.triton_helpers import cast_rne, to_f32

@@ -7,6 +7,7 @@ from flashrt_kernels.testing.assertions import (
     poison,
     poisoned_empty,
 )
+from flashrt_kernels.testing.chains import ScoreChain
 from flashrt_kernels.testing.profiles import register_profiles
 from flashrt_kernels.testing.strategies import (
     BOUNDARY_SIZES,
@@ -21,6 +22,7 @@ from flashrt_kernels.testing.values import VALUE_KINDS, make_values
 __all__ = [
     "BOUNDARY_SIZES",
     "VALUE_KINDS",
+    "ScoreChain",
     "assert_exact",
     "assert_faithful",
     "dtypes",
