@@ -45,6 +45,7 @@ def run(args) -> int:
     except Exception as err:
         rows.append({"package": "flashrt-kernels", "what": "rms_norm triton vs reference",
                      "result": "FAIL", "detail": str(err)[:200]})  # fmt: skip
+    rows[0]["seconds"] = round(time.time() - t0, 1)
     for ep in sorted(entry_points(group="flashrt.demos"), key=lambda e: e.name):
         if not args.quiet:
             print(f"running {ep.name} demo ...", flush=True)
@@ -63,6 +64,5 @@ def run(args) -> int:
         for r in pkg_rows:
             r.setdefault("seconds", round(time.time() - start, 1))
         rows.extend(pkg_rows)
-    rows[0].setdefault("seconds", round(time.time() - t0, 1))
     print(markdown_table(rows, ["package", "what", "result", "detail", "seconds"]))
-    return 1 if any(r["result"] == "FAIL" for r in rows) else 0
+    return 1 if any(str(r["result"]).upper() == "FAIL" for r in rows) else 0
