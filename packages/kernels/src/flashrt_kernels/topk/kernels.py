@@ -39,12 +39,16 @@ def _order_key(x):
 
 @triton.jit
 def _pick(hist_ptr, krem, NBINS: tl.constexpr):
-    """The digit holding the krem-th largest element and krem within that digit's bin."""
+    """The digit holding the krem-th largest element and krem within that digit's bin.
+
+    A histogram holding fewer than krem elements (the later rounds of a row a guess admitted are
+    never filled) would give digit -1; it is clamped to 0 because callers index per-digit
+    buffers with it (``_threshold``'s tie count, the collect pass's per-program tie counts)."""
     bins = tl.arange(0, NBINS)
     h = tl.load(hist_ptr + bins)
     total = tl.sum(h, axis=0)
     inc = total - tl.cumsum(h, axis=0) + h  # elements in bins >= d
-    d = tl.sum((inc >= krem).to(tl.int32), axis=0) - 1
+    d = tl.maximum(tl.sum((inc >= krem).to(tl.int32), axis=0) - 1, 0)
     above = tl.sum(tl.where(bins == d, inc - h, 0), axis=0)
     return d, krem - above
 
@@ -329,7 +333,7 @@ def _pick_reg(h, krem, NBINS: tl.constexpr):
     bins = tl.arange(0, NBINS)
     total = tl.sum(h, axis=0)
     inc = total - tl.cumsum(h, axis=0) + h
-    d = tl.sum((inc >= krem).to(tl.int32), axis=0) - 1
+    d = tl.maximum(tl.sum((inc >= krem).to(tl.int32), axis=0) - 1, 0)  # as in _pick
     above = tl.sum(tl.where(bins == d, inc - h, 0), axis=0)
     return d, krem - above
 
