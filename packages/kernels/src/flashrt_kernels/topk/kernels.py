@@ -96,6 +96,24 @@ def _accepted(TCNT, TH, b, kk, CAP: tl.constexpr):
 
 
 @triton.jit
+def _digit_histogram(key, m, top, prefix22, ROUND: tl.constexpr, NBINS: tl.constexpr):
+    """Histogram of this round's radix digit (11 + 11 + 10 bits of the key) over the lanes ``m``
+    whose earlier digits match the selected prefix; unselected lanes are not counted."""
+    if ROUND == 0:
+        sel = m
+        digit = ((key >> 21) & 2047) ^ 1024
+    elif ROUND == 1:
+        sel = m & ((key >> 21) == top)
+        digit = (key >> 10) & 2047
+    else:
+        sel = m & ((key >> 10) == prefix22)
+        digit = key & 1023
+    digit = tl.where(sel, digit, 0)
+    dropped = tl.sum((~sel).to(tl.int32), axis=0)
+    return tl.histogram(digit, NBINS) - tl.where(tl.arange(0, NBINS) == 0, dropped, 0)
+
+
+@triton.jit
 def _pass_kernel(
     SC, stride_s, LEN, HIST, LHIST, CNT, CAND, HINT, STATE, TCNT, TH, BM, stride_bm,
     n, k, chunk, n_split, cap,
@@ -160,19 +178,7 @@ def _pass_kernel(
                 pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
                 tl.store(CAND + b * cap + pos, idx, mask=take)
         else:
-            if ROUND == 0:
-                sel = m
-                digit = ((key >> 21) & 2047) ^ 1024
-            elif ROUND == 1:
-                sel = m & ((key >> 21) == top)
-                digit = (key >> 10) & 2047
-            else:
-                sel = m & ((key >> 10) == prefix22)
-                digit = key & 1023
-            digit = tl.where(sel, digit, 0)
-            hist += tl.histogram(digit, NBINS)
-            dropped = tl.sum((~sel).to(tl.int32), axis=0)
-            hist -= tl.where(tl.arange(0, NBINS) == 0, dropped, 0)
+            hist += _digit_histogram(key, m, top, prefix22, ROUND, NBINS)
             if HINTED and not PRECOUNTED:
                 if ROUND == 0:
                     c0 += tl.sum((m & (key >= g0)).to(tl.int32), axis=0)
@@ -347,19 +353,7 @@ def _row_hist(row_ptr, length, top, prefix22, ROUND: tl.constexpr, NBINS: tl.con
         idx = off + lanes
         m = idx < length
         key = _load_keys(row_ptr, idx, m)
-        if ROUND == 0:
-            sel = m
-            digit = ((key >> 21) & 2047) ^ 1024
-        elif ROUND == 1:
-            sel = m & ((key >> 21) == top)
-            digit = (key >> 10) & 2047
-        else:
-            sel = m & ((key >> 10) == prefix22)
-            digit = key & 1023
-        digit = tl.where(sel, digit, 0)
-        hist += tl.histogram(digit, NBINS)
-        dropped = tl.sum((~sel).to(tl.int32), axis=0)
-        hist -= tl.where(tl.arange(0, NBINS) == 0, dropped, 0)
+        hist += _digit_histogram(key, m, top, prefix22, ROUND, NBINS)
     return hist
 
 
