@@ -18,15 +18,26 @@ test_hinted_matches_reference_gpu = pytest.mark.gpu(
 def test_reference_order_on_special_values():
     s = torch.tensor([[1.0, float("nan"), -0.0, 0.0, float("inf"), float("-inf"), 1.0]])
     v, i = reference.topk(s, 9)
-    assert i.tolist() == [[1, 4, 0, 6, 2, 3, 5, -1, -1]]
+    assert i.tolist() == [[0, 1, 2, 3, 4, 5, 6, -1, -1]]  # the selection in index order
+    v, i = reference.sort_by_rank(v, i)
+    assert i.tolist() == [[1, 4, 0, 6, 2, 3, 5, -1, -1]]  # by rank: NaN, inf, ties by index
     assert torch.isnan(v[0, 0]) and v[0, 1] == float("inf") and v[0, 7] == float("-inf")
     assert torch.signbit(v[0, 4]) and not torch.signbit(v[0, 5])  # -0.0 kept, ties by index
+    # ties at the K-th value: the lowest indices are kept
+    assert reference.topk(torch.tensor([[2.0, 1.0, 1.0, 3.0, 1.0]]), 3)[1].tolist() == [[0, 1, 3]]
+
+
+def test_sorted_option_lists_by_rank():
+    x = torch.randn(3, 700)
+    v, i = topk(x, 40, sorted=True, backend="triton")
+    tv, ti = torch.topk(x, 40)
+    assert torch.equal(v, tv) and torch.equal(i, ti.int())
 
 
 def test_reference_agrees_with_torch_topk_values():
     x = torch.randn(5, 3000)
     x[:, ::17] = float("nan")
-    v, _ = reference.topk(x, 300)
+    v, _ = reference.sort_by_rank(*reference.topk(x, 300))
     tv = torch.topk(x, 300).values
     assert torch.equal(v.isnan(), tv.isnan()) and torch.equal(v.nan_to_num(), tv.nan_to_num())
 
@@ -53,7 +64,7 @@ def test_reference_backend_publishes_state():
     s = st.new_state(2, "cpu")
     v, _ = topk(x, 10, state=s, backend="reference")
     assert s[0, st.VALID] == 1 and s[0, st.ACCEPTED_COUNT] == 10
-    assert st.key_to_value(int(s[1, st.KTH_KEY])) == v[1, 9].item()
+    assert st.key_to_value(int(s[1, st.KTH_KEY])) == v[1].min().item()
 
 
 def test_custom_op_and_fake():
@@ -143,8 +154,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flashrt_kernels.topk import kernels as kn
-P = {a: "*i32" for a in ["LEN", "HIST", "LHIST", "CNT", "CAND", "HINT", "STATE", "TCNT", "TH",
-                         "OI", "OV", "SCB"]}
+P = {a: "*i32" for a in ["LEN", "HINT", "STATE", "TH", "TC", "PC", "NSEG", "PFX", "SEG", "OI",
+                         "OV", "SCB"]}
 P.update(SC="*fp32", BM="*fp32")
 def comp(fn, const):
     sig, cx = {}, {}
@@ -155,18 +166,21 @@ def comp(fn, const):
             sig[a] = P.get(a, "i32")
     src = ASTSource(fn=fn, signature=sig, constexprs=cx)
     triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-comp(kn._row_select_kernel, dict(HAS_LEN=True, HAS_STATE=True, CAP=2048, STATE_WORDS=24,
-                                 BLOCK=2048))
-comp(kn._pass_kernel, dict(ROUND=1, HAS_LEN=True, HINTED=True, NBINS=2048, PRECOUNTED=False,
-                           HAS_BMAX=True, KP=512, STATE_WORDS=24, BLOCK=2048))
-comp(kn._finish_kernel, dict(HAS_LEN=True, HINTED=True, HAS_STATE=True, CAP=4096, KO=4096,
-                             STATE_WORDS=24))
+common = dict(HAS_LEN=True, RMAX=2, FIRST_PC=0)
+for rnd in (0, 1):
+    comp(kn._count_kernel, dict(ROUND=rnd, HINTED=True, HAS_STATE=True, KP=2048,
+                                STATE_WORDS=24, NS=512, BLOCK=1024, **common))
+comp(kn._collect_kernel, dict(NR=2, SP=512, HAS_BMAX=True, BLOCK=1024, **common))
+for nr in (0, 2):
+    comp(kn._finish_kernel, dict(NR=nr, HINTED=True, HAS_STATE=True, SP=512, LOG_SP=9,
+                                 CAP=8192, KP=4096, KO=4096, STATE_WORDS=24, NS=512, BLOCK=1024,
+                                 **common))
 print("compiled")
 """
 
 
 def test_kernels_compile_for_sm90_without_a_gpu():
-    """Ahead-of-time compile (Triton's ptxas, no device) of the three largest kernel variants."""
+    """Ahead-of-time compile (Triton's ptxas, no device) of the largest kernel variants."""
     import importlib.util
     import os
     import subprocess

@@ -8,8 +8,9 @@
   keys (the fast path's inputs exactly, so only its arithmetic differs).
 - ``logits_magnitude``: ``M[t, j] = sum_h |w[t, h]| * sum_d |q[t, h, d] * k[j, d]|``, the scale the
   fast path's faithful bound is stated against.
-- ``topk``: the deterministic top-K order: values descending, ties by ascending index, NaN above
-  +inf, ``-1`` indices (value ``-inf``) in the ``K - min(K, len)`` padding slots.
+- ``topk``: the deterministic top-K: the K highest-ranked scores (values descending, NaN above
+  +inf, ties at the K-th value by lowest index) listed in ascending index order, ``-1`` indices
+  (value ``-inf``) in the ``K - min(K, len)`` padding slots.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def topk(scores: torch.Tensor, k: int, lengths: torch.Tensor | None = None):
     order = torch.sort(neg, dim=1, stable=True).indices
     kk = min(k, n)
     idx = order[:, :kk]
-    vals = torch.gather(s, 1, idx)
     live = torch.arange(kk, device=scores.device)[None, :] < lengths.long()[:, None]
+    idx = torch.sort(torch.where(live, idx, torch.full_like(idx, n))).values  # index order
+    vals = torch.gather(s, 1, idx.clamp(max=max(n - 1, 0)))
     idx = torch.where(live, idx, torch.full_like(idx, -1)).to(torch.int32)
     vals = torch.where(live, vals, torch.full_like(vals, float("-inf")))
     if kk < k:

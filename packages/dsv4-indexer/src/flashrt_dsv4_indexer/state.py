@@ -122,8 +122,9 @@ class RequestState:
         """After a selection: values/indices [R, K] of the requests' last token rows,
         ``slot_index`` int64 [R] (device). Places the next lines. Graph-safe."""
         k = self.k
-        kth = values[:, k - 1]
-        top = values[:, 0]
+        v = values.float()  # the selection is in index order: its K-th value is its minimum
+        kth = torch.where(v.isnan(), torch.full_like(v, float("inf")), v).amin(1)
+        top = v.amax(1)  # NaN when the row holds one
         valid = torch.isfinite(kth) & (indices[:, k - 1] >= 0)
         last_lines = self.lines[slot_index]
         last_counts = counts if counts is not None else torch.zeros_like(self.counts[slot_index])

@@ -1,7 +1,7 @@
 """The selection step: the one place that decides which top-K runs for a routed tier.
 
-Every tier returns the deterministic top-K (values descending, ties by ascending index, ``-1``
-pads) of the logits over each row's valid prefix, bit for bit: the tiers differ only in the hints
+Every tier returns the deterministic top-K (the K highest-ranked, ties by lowest index, listed in
+ascending index order, ``-1`` pads) of the logits over each row's valid prefix, bit for bit: the tiers differ only in the hints
 flashrt-kernels' top-K receives (``flashrt_kernels.topk.hints``), each consumer being exact
 whatever the hint holds:
 - ``none``: ``topk.topk`` with no hint (radix select);

@@ -1,8 +1,9 @@
 """``topk``: the public entry point (validation, backend dispatch, out= buffers, custom op).
 
-Contract ``exact``: every backend returns bit for bit ``reference.topk`` (values descending, ties
-by ascending index, NaN highest, pads index -1 / value -inf), whatever ``hint`` and ``state`` hold.
-``lengths`` entries are clamped to ``[0, N]``.
+Contract ``exact``: every backend returns bit for bit ``reference.topk`` (the k highest-ranked
+elements -- NaN highest, ties at the K-th value by lowest index -- listed in ascending index order,
+pads index -1 / value -inf), whatever ``hint`` and ``state`` hold. ``sorted=True`` reorders the
+result by rank (``reference.sort_by_rank``). ``lengths`` entries are clamped to ``[0, N]``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from flashrt_kernels.topk.state import STATE_WORDS
 
 OP = "topk"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_K = 4096  # the Triton backends rank up to this many per row
+MAX_K = 4096  # the Triton backend selects up to this many per row
 IMPLEMENTED = ("triton", "reference")
 
 
@@ -51,14 +52,14 @@ def topk_into(scores, k, lengths, out_values, out_indices, hint, state, backend)
         out_values.copy_(v)
         out_indices.copy_(i)
         if state is not None:
-            from flashrt_kernels.topk.radix import publish_reference_state
+            from flashrt_kernels.topk.select import publish_reference_state
 
-            publish_reference_state(scores, k, lengths, v, state)
+            publish_reference_state(scores, k, lengths, v, i, state)
         return
-    from flashrt_kernels.topk import gvr, radix
+    from flashrt_kernels.topk import gvr, select
 
     if hint is None:
-        radix.select(scores, k, lengths, out_values, out_indices, state)
+        select.select(scores, k, lengths, out_values, out_indices, state)
     else:
         gvr.select(scores, k, lengths, hint, out_values, out_indices, state)
 
@@ -72,6 +73,7 @@ def topk(
     out_indices: torch.Tensor | None = None,
     hint: torch.Tensor | None = None,
     state: torch.Tensor | None = None,
+    sorted: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic top-``k`` of each row of ``scores`` [B, N] over its first ``lengths[b]``.
@@ -80,16 +82,23 @@ def topk(
     ``out_indices`` are written when given (no allocation then on the hint-free path: CUDA-graph
     safe). ``hint`` int32 [B, k]: the previous step's indices (any content; see ``hints``).
     ``state`` int32 [B, STATE_WORDS]: caller-owned, read as a guess and republished (``state``).
+    The selection is listed in ascending index order; ``sorted=True`` lists it by rank instead
+    (one extra sort of the [B, k] result).
     """
     _validate(scores, k, lengths, out_values, out_indices, hint, state)
     if torch.compiler.is_compiling():
-        return torch.ops.flashrt.topk(scores, k, lengths, hint, backend)
+        v, i = torch.ops.flashrt.topk(scores, k, lengths, hint, backend)
+        return reference.sort_by_rank(v, i) if sorted else (v, i)
     b = scores.shape[0]
     if out_values is None:
         out_values = torch.empty((b, k), dtype=scores.dtype, device=scores.device)
     if out_indices is None:
         out_indices = torch.empty((b, k), dtype=torch.int32, device=scores.device)
     topk_into(scores, k, lengths, out_values, out_indices, hint, state, backend)
+    if sorted:
+        v, i = reference.sort_by_rank(out_values, out_indices)
+        out_values.copy_(v)
+        out_indices.copy_(i)
     return out_values, out_indices
 
 

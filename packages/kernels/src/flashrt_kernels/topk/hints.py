@@ -59,7 +59,7 @@ class CandidateList:
     void: torch.Tensor  # bool [B], the producer overflowed: the list is incomplete
 
 
-MAX_LINES = 4  # seed lines consumed per row (the first four; more are ignored)
+MAX_LINES = 8  # seed lines consumed per row (the first eight; more are ignored)
 
 
 def _outs(scores, k, out_values, out_indices):
@@ -98,8 +98,10 @@ def topk_hinted(scores, k, hint, *, block_maxima=None, lengths=None, out_values=
 
 def topk_seeded(scores, k, seeds: SeedLines, *, block_maxima=None, lengths=None,
                 out_values=None, out_indices=None, state=None):  # fmt: skip
-    """Exact top-k admitted by seed lines (no counting pass); rows without an admissible line
-    run the exact radix passes. Triton only."""
+    """Exact top-k admitted by seed lines (no counting pass): the lines and their exact counts
+    take the place of the first counting round, so a row with a line whose count is in
+    ``[k, capacity]`` is collected at once; the others refine from the lines' bracket (exact
+    either way). Triton only."""
     from flashrt_kernels.topk import gvr, reference
 
     op = "topk_seeded"
@@ -110,10 +112,16 @@ def topk_seeded(scores, k, seeds: SeedLines, *, block_maxima=None, lengths=None,
     check_tensor(op, "counts", seeds.counts, dtypes=(torch.int32,),
                  shape=list(seeds.lines.shape), device=scores.device)  # fmt: skip
     n_lines = min(MAX_LINES, seeds.lines.shape[1])
-    keys = torch.full((b, 4), 2**31 - 1, dtype=torch.int32, device=scores.device)
-    counts = torch.zeros((b, 4), dtype=torch.int32, device=scores.device)
-    keys[:, :n_lines] = reference.order_key(seeds.lines[:, :n_lines])
-    counts[:, :n_lines] = seeds.counts[:, :n_lines]
+    n = scores.shape[1]
+    full = torch.full((b,), n, device=scores.device) if lengths is None else lengths.clamp(0, n)
+    # unused slots: a key below every score (its exact count is the length), or line 0 again
+    keys = torch.full((b, MAX_LINES), -(2**31) + 1, dtype=torch.int32, device=scores.device)
+    counts = full.to(torch.int32)[:, None].repeat(1, MAX_LINES)
+    if n_lines:
+        keys[:] = reference.order_key(seeds.lines[:, :1])
+        counts[:] = seeds.counts[:, :1]
+        keys[:, :n_lines] = reference.order_key(seeds.lines[:, :n_lines])
+        counts[:, :n_lines] = seeds.counts[:, :n_lines]
     out_values, out_indices = _outs(scores, k, out_values, out_indices)
     gvr.select(scores, k, lengths, None, out_values, out_indices, state,
                seeds=(keys, counts), block_maxima=block_maxima)  # fmt: skip
@@ -157,6 +165,8 @@ def topk_from_list(scores, k, cands: CandidateList, *, lengths=None, out_values=
     ranked = torch.sort(comp, dim=1, descending=True)
     top, lv_pos = ranked.values[:, :kk], ranked.indices[:, :kk]
     lv_idx = (((top >> 32) + 1) << 32) - 1 - top  # garbage only in rows that are not admitted
+    order = torch.argsort(torch.where(top > -(2**63), lv_idx, 2**40), dim=1)  # index order
+    lv_idx, lv_pos = torch.gather(lv_idx, 1, order), torch.gather(lv_pos, 1, order)
     lv_val = torch.gather(cands.values, 1, lv_pos).to(scores.dtype)
     ev, ei = topk(scores, k, lengths=lengths, out_values=out_values, out_indices=out_indices,
                   backend=backend)  # fmt: skip

@@ -1,21 +1,24 @@
-"""Triton kernels of the exact select (hint-free radix rounds and the hinted guess pass).
+"""Triton kernels of the exact select: counting rounds, ordered collection, the finishing program.
 
-A row is split into ``S`` chunks, one program each (``S = 1`` for short rows or large batches).
-Every pass is its own launch, so programs of a row never wait on one another:
+Everything works on the order key of the scores (``_order_key``: int32, order-preserving, NaN
+highest) and on a *bracket* ``lo < hi`` of keys per row with exact counts: ``count(key >= lo) =
+clo >= kk`` and ``count(key >= hi) = chi < kk`` (``kk = min(k, length)``), so the K-th key ``T``
+lies in ``[lo, hi)``. The bracket starts at ``(-2**31: length, 2**31: 0)`` and every counted
+threshold narrows it. A row is *resolved* when either
 
-- pass 0 (``_pass_kernel`` ROUND 0): histogram of the top 11 bits of the order key into the row's
-  global histogram (atomics); with a hint it also counts the scores at or above every guessed
-  threshold;
-- pass 1: every program re-derives the top digit from the global histogram (the same scan in every
-  program, so no extra launch), then histograms the next 11 bits under that prefix; with a hint,
-  a row whose tightest threshold count is in [k, CAP] collects its candidates here instead;
-- pass 2: the last 10 bits (global histogram and a per-program histogram for tie ranks);
-- ``_collect_kernel``: the exact K-th key T is known; keys > T get slots through a per-row atomic
-  counter (their order is fixed by the final sort), keys == T take the lowest-index ties from the
-  per-program tie counts (deterministic whatever the capacity: ties are never buffered beyond k);
-- ``_finish_kernel``: one program per row sorts the candidates on the 64-bit composite
-  (key, -index), writes values / indices / pads, publishes the state and re-zeroes the histograms
-  and counters it owns, so the workspace is ready for the next call without a memset.
+- mode A: ``hi == lo + 1``, so ``T = lo`` exactly; the ``kk - chi`` ties at ``T`` with the lowest
+  indices are kept (per-program counts at ``lo`` and ``hi`` give every program its output offset);
+- mode B: ``clo <= cap``: the ``clo`` scores ``>= lo`` are compacted (in index order) and the
+  finishing program finds ``T`` among them in registers.
+
+Launches of one call (``select.launch``): ``R`` counting rounds over ``S`` programs per row
+(``_count_kernel``: round 0 counts guessed thresholds, later rounds refine by log-count
+interpolation), ``_collect_kernel`` (mode A rows write their output directly, mode B rows compact
+their candidates), ``_finish_kernel`` (one program per row: mode B rows rank their candidates;
+a row still unresolved after the rounds, or every row when ``S = 1``, is finished there by the
+same rounds looping over the whole row; pads, the published state, and the workspace is zeroed).
+No program ever waits on another; no histogram and no sort: the output lists the selected
+elements in ascending index order.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NB: tl.constexpr = tl.constexpr(2048)  # bins of the 11-bit digits
-NB_LOW: tl.constexpr = tl.constexpr(1024)  # bins of the last 10-bit digit
-N_GUESS = 4  # thresholds counted by the hinted pass
+G: tl.constexpr = tl.constexpr(8)  # thresholds counted per round
+KEY_MIN: tl.constexpr = tl.constexpr(-(2**31))  # below every key: count(>= KEY_MIN) = length
+KEY_END: tl.constexpr = tl.constexpr(2**31)  # above every key: count 0 (int64 only)
+FINITE_LO: tl.constexpr = tl.constexpr(-2139095040)  # order key of -FLT_MAX
+FINITE_HI: tl.constexpr = tl.constexpr(2139095039)  # order key of +FLT_MAX
 
 
 @triton.jit
@@ -38,19 +43,15 @@ def _order_key(x):
 
 
 @triton.jit
-def _pick(hist_ptr, krem, NBINS: tl.constexpr):
-    """The digit holding the krem-th largest element and krem within that digit's bin.
+def _key_value(key):
+    """int32 order key of a finite value -> that fp32 value."""
+    bits = tl.where(key < 0, key ^ 0x7FFFFFFF, key)
+    return bits.to(tl.float32, bitcast=True)
 
-    A histogram holding fewer than krem elements (the later rounds of a row a guess admitted are
-    never filled) would give digit -1; it is clamped to 0 because callers index per-digit
-    buffers with it (``_threshold``'s tie count, the collect pass's per-program tie counts)."""
-    bins = tl.arange(0, NBINS)
-    h = tl.load(hist_ptr + bins)
-    total = tl.sum(h, axis=0)
-    inc = total - tl.cumsum(h, axis=0) + h  # elements in bins >= d
-    d = tl.maximum(tl.sum((inc >= krem).to(tl.int32), axis=0) - 1, 0)
-    above = tl.sum(tl.where(bins == d, inc - h, 0), axis=0)
-    return d, krem - above
+
+@triton.jit
+def _load_keys(row_ptr, idx, m):
+    return _order_key(tl.load(row_ptr + idx, mask=m, other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -62,340 +63,410 @@ def _row_setup(LEN, b, n, k, HAS_LEN: tl.constexpr):
 
 
 @triton.jit
-def _load_keys(row_ptr, idx, m):
-    return _order_key(tl.load(row_ptr + idx, mask=m, other=0.0).to(tl.float32))
+def _place(lo, clo, hi, chi, tgt):
+    """Eight thresholds strictly inside ``(lo, hi)`` (int64 keys; counts as fp32, ``tgt`` the
+    count sought): ``lo + 1`` and ``hi - 1`` (a tie class at either end resolves at once), the
+    key midpoint (the bisection that bounds the worst case) and five points where the count,
+    interpolated log-linearly in value between the ends, is ``tgt`` x 0.75 .. 2.6."""
+    g = tl.arange(0, G)
+    f = tl.where(g == 1, 0.75, tl.where(g == 2, 1.0, tl.where(g == 3, 1.3,
+                 tl.where(g == 4, 1.8, 2.6))))  # fmt: skip
+    la = tl.log(tl.maximum(clo, 1.0))
+    lb = tl.log(tl.maximum(chi, 0.5))
+    lt = tl.log(tl.maximum(tgt * f, 0.5))
+    frac = tl.minimum(tl.maximum((la - lt) / tl.maximum(la - lb, 1e-6), 0.0), 1.0)
+    vlo = _key_value(tl.maximum(lo, FINITE_LO).to(tl.int32))
+    vhi = _key_value(tl.minimum(hi, FINITE_HI).to(tl.int32))
+    v = vlo * (1.0 - frac) + vhi * frac
+    interp = _order_key(v).to(tl.int64)
+    th = tl.where(
+        g == 0, lo + 1, tl.where(g == 7, hi - 1, tl.where(g == 6, (lo + hi) // 2, interp))
+    )
+    th = tl.minimum(tl.maximum(th, lo + 1), hi - 1)
+    return tl.minimum(tl.maximum(th, KEY_MIN + 1), 2**31 - 1).to(tl.int32)
 
 
 @triton.jit
-def _guesses(row_ptr, HINT, STATE, b, length, k, KP: tl.constexpr, STATE_WORDS: tl.constexpr):
-    """Four candidate threshold keys: the smallest key at the hinted positions, the previous
-    K-th key and accepted key (when the state is valid) and the smaller of the first two."""
-    slots = tl.arange(0, KP)
-    h = tl.load(HINT + b * k + slots, mask=slots < k, other=-1)
-    ok = (h >= 0) & (h < length)
-    keys = _load_keys(row_ptr, tl.where(ok, h, 0), ok)
-    g0 = tl.min(tl.where(ok, keys, 0x7FFFFFFF), axis=0)
-    valid = tl.load(STATE + b * STATE_WORDS + 0) == 1
-    g1 = tl.where(valid, tl.load(STATE + b * STATE_WORDS + 1), 0x7FFFFFFF)
-    g2 = tl.where(valid, tl.load(STATE + b * STATE_WORDS + 2), 0x7FFFFFFF)
-    return g0, g1, g2, tl.minimum(g0, g1)
+def _narrow(lo, clo, hi, chi, th, c, tgt):
+    """The bracket after counting thresholds ``th`` (counts ``c``) against the target ``tgt``."""
+    th = th.to(tl.int64)
+    ge = c >= tgt
+    lo2 = tl.maximum(lo, tl.max(tl.where(ge, th, lo), axis=0))
+    clo2 = tl.minimum(clo, tl.min(tl.where(ge, c, clo), axis=0))
+    hi2 = tl.minimum(hi, tl.min(tl.where(ge, hi, th), axis=0))
+    chi2 = tl.maximum(chi, tl.max(tl.where(ge, chi, c), axis=0))
+    return lo2, clo2, hi2, chi2
 
 
 @triton.jit
-def _accepted(TCNT, TH, b, kk, CAP: tl.constexpr):
-    """(admitted, threshold key, its count): the tightest counted guess with count in [kk, CAP]."""
-    g = tl.arange(0, 4)
-    cnt = tl.load(TCNT + b * 4 + g)
-    th = tl.load(TH + b * 4 + g)
-    ok = (cnt >= kk) & (cnt <= CAP) & (kk > 0)
-    best = tl.min(tl.where(ok, cnt, 2147483647), axis=0)
-    admitted = best < 2147483647
-    pick = tl.min(tl.where(ok & (cnt == best), g, 4), axis=0)
-    th_acc = tl.sum(tl.where(g == pick, th, 0), axis=0)
-    return admitted, th_acc, best
+def _sample_thresholds(row_ptr, length, kk, NS: tl.constexpr):
+    """Eight thresholds for a row with no hint: three narrowing steps on ``NS`` strided samples
+    (counts scaled by length / NS), then placed for the row's own count ``kk``."""
+    j = tl.arange(0, NS)
+    pos = (j.to(tl.int64) * length) // NS
+    m = pos < length
+    keys = _load_keys(row_ptr, pos, m)
+    lo = tl.min(tl.where(m, keys, 2**31 - 1), axis=0).to(tl.int64)
+    hi = tl.max(tl.where(m, keys, KEY_MIN), axis=0).to(tl.int64) + 1
+    scale = length.to(tl.float32) / NS
+    clo = tl.sum(m.to(tl.float32), axis=0) * scale
+    chi = clo * 0.0
+    tgt = kk.to(tl.float32)
+    for _ in tl.static_range(3):
+        if hi > lo + 1:
+            th = _place(lo, clo, hi, chi, tgt)
+            hit = (keys[:, None] >= th[None, :]) & m[:, None]
+            c = tl.sum(hit.to(tl.float32), axis=0) * scale
+            lo, clo, hi, chi = _narrow(lo, clo, hi, chi, th, c, tgt)
+    return _place(lo, clo, hi, chi, tgt)
 
 
 @triton.jit
-def _digit_histogram(key, m, top, prefix22, ROUND: tl.constexpr, NBINS: tl.constexpr):
-    """Histogram of this round's radix digit (11 + 11 + 10 bits of the key) over the lanes ``m``
-    whose earlier digits match the selected prefix; unselected lanes are not counted."""
-    if ROUND == 0:
-        sel = m
-        digit = ((key >> 21) & 2047) ^ 1024
-    elif ROUND == 1:
-        sel = m & ((key >> 21) == top)
-        digit = (key >> 10) & 2047
-    else:
-        sel = m & ((key >> 10) == prefix22)
-        digit = key & 1023
-    digit = tl.where(sel, digit, 0)
-    dropped = tl.sum((~sel).to(tl.int32), axis=0)
-    return tl.histogram(digit, NBINS) - tl.where(tl.arange(0, NBINS) == 0, dropped, 0)
+def _first_thresholds(row_ptr, HINT, STATE, b, length, kk, k, HINTED: tl.constexpr,
+                      HAS_STATE: tl.constexpr, KP: tl.constexpr, STATE_WORDS: tl.constexpr,
+                      NS: tl.constexpr):  # fmt: skip
+    """Round 0: the sample's thresholds; with a hint, slots 0-4 become the smallest current key
+    at the hinted positions (entries outside ``[0, length)`` ignored) and that key + 1, the
+    published K-th key and K-th key + 1 and the published accepted key (when the state is
+    valid; else the hinted key again)."""
+    th = _sample_thresholds(row_ptr, length, kk, NS)
+    if HINTED:
+        slots = tl.arange(0, KP)
+        h = tl.load(HINT + b * k + slots, mask=slots < k, other=-1)
+        ok = (h >= 0) & (h < length)
+        keys = _load_keys(row_ptr, tl.where(ok, h, 0), ok)
+        gmin = tl.min(tl.where(ok, keys, 2**31 - 1), axis=0).to(tl.int64)
+        kth = gmin
+        acc = gmin
+        if HAS_STATE:
+            valid = tl.load(STATE + b * STATE_WORDS + 0) == 1
+            kth = tl.where(valid, tl.load(STATE + b * STATE_WORDS + 1).to(tl.int64), gmin)
+            acc = tl.where(valid, tl.load(STATE + b * STATE_WORDS + 2).to(tl.int64), gmin)
+        g = tl.arange(0, G)
+        hinted = tl.where(g == 0, gmin, tl.where(g == 1, gmin + 1, tl.where(
+            g == 2, kth, tl.where(g == 3, kth + 1, acc))))  # fmt: skip
+        hinted = tl.minimum(tl.maximum(hinted, KEY_MIN + 1), 2**31 - 1).to(tl.int32)
+        th = tl.where(g < 5, hinted, th)
+    return th
 
 
 @triton.jit
-def _pass_kernel(
-    SC, stride_s, LEN, HIST, LHIST, CNT, CAND, HINT, STATE, TCNT, TH, BM, stride_bm,
+def _bracket(TH, TC, b, length, kk, NR: tl.constexpr, RMAX: tl.constexpr,
+             FIRST_PC: tl.constexpr):  # fmt: skip
+    """The row's bracket from rounds ``[0, NR)`` and the flat slots (round * G + g) where ``lo``
+    and ``hi`` were counted per program (rounds >= FIRST_PC; -1 when not)."""
+    r = tl.arange(0, RMAX)[:, None]
+    g = tl.arange(0, G)[None, :]
+    live = (r + g * 0) < NR
+    at = (b * RMAX + r) * G + g
+    th = tl.load(TH + at, mask=live, other=0).to(tl.int64)
+    tc = tl.load(TC + at, mask=live, other=0).to(tl.int64)
+    ge = live & (tc >= kk)
+    lt = live & (tc < kk)
+    lo = tl.max(tl.max(tl.where(ge, th, KEY_MIN), axis=1), axis=0)
+    clo = tl.min(tl.min(tl.where(ge, tc, length.to(tl.int64)), axis=1), axis=0)
+    hi = tl.min(tl.min(tl.where(lt, th, KEY_END), axis=1), axis=0)
+    chi = tl.max(tl.max(tl.where(lt, tc, 0), axis=1), axis=0)
+    flat = r * G + g
+    pc_ok = live & (r >= FIRST_PC)
+    f_lo = tl.min(tl.min(tl.where(pc_ok & (th == lo), flat, 1 << 20), axis=1), axis=0)
+    f_hi = tl.min(tl.min(tl.where(pc_ok & (th == hi), flat, 1 << 20), axis=1), axis=0)
+    f_lo = tl.where(f_lo < (1 << 20), f_lo, -1)
+    f_hi = tl.where(f_hi < (1 << 20), f_hi, -1)
+    return lo, clo, hi, chi, f_lo, f_hi
+
+
+@triton.jit
+def _modes(lo, clo, hi, f_lo, f_hi, cap):
+    mode_a = (hi == lo + 1) & (f_lo >= 0) & (f_hi >= 0)
+    mode_b = (clo <= cap) & (~mode_a)
+    return mode_a, mode_b
+
+
+@triton.jit
+def _count_kernel(
+    SC, stride_s, LEN, HINT, STATE, TH, TC, PC,
     n, k, chunk, n_split, cap,
-    ROUND: tl.constexpr, HAS_LEN: tl.constexpr, HINTED: tl.constexpr, NBINS: tl.constexpr,
-    PRECOUNTED: tl.constexpr, HAS_BMAX: tl.constexpr,
-    KP: tl.constexpr, STATE_WORDS: tl.constexpr, BLOCK: tl.constexpr,
+    ROUND: tl.constexpr, HAS_LEN: tl.constexpr, HINTED: tl.constexpr, HAS_STATE: tl.constexpr,
+    RMAX: tl.constexpr, FIRST_PC: tl.constexpr, KP: tl.constexpr, STATE_WORDS: tl.constexpr,
+    NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
+    """Counting round ``ROUND``: every program counts its chunk at the row's eight thresholds
+    (per-program counts into PC, totals into TC by atomics). A row already resolved writes
+    its bracket's ``lo`` (with its exact count) as this round's thresholds instead."""
     b = tl.program_id(0)
     s = tl.program_id(1)
     row_ptr = SC + b.to(tl.int64) * stride_s
     length, kk = _row_setup(LEN, b, n, k, HAS_LEN)
-    start = s * chunk
-    end = tl.minimum(start + chunk, length)
-    hist_row = HIST + b * 3 * NB
-    adm = kk * 0
-    th_acc = kk * 0
-    if HINTED:
-        if ROUND >= 1 or PRECOUNTED:
-            admitted, th_acc, _ = _accepted(TCNT, TH, b, kk, cap)
-            adm = admitted.to(tl.int32)
-            if ROUND != 1:
-                end = tl.where(adm != 0, start, end)
-    krem = kk
-    d0 = 0
-    d1 = 0
-    if ROUND >= 1:
-        d0, krem = _pick(hist_row, krem, NB)
-    if ROUND >= 2:
-        d1, krem = _pick(hist_row + NB, krem, NB)
-    top = d0 - 1024  # signed top 11 bits
-    prefix22 = top * 2048 + d1
-    g0 = 0
-    g1 = 0
-    g2 = 0
-    g3 = 0
-    if HINTED and not PRECOUNTED:
-        if ROUND == 0:
-            g0, g1, g2, g3 = _guesses(row_ptr, HINT, STATE, b, length, k, KP, STATE_WORDS)
-            gi = tl.arange(0, 4)
-            gv = tl.where(gi == 0, g0, tl.where(gi == 1, g1, tl.where(gi == 2, g2, g3)))
-            tl.store(TH + b * 4 + gi, gv, mask=gi < tl.where(s == 0, 4, 0))
-    hist = tl.zeros([NBINS], dtype=tl.int32)
-    c0 = kk * 0
-    c1 = kk * 0
-    c2 = kk * 0
-    c3 = kk * 0
-    lanes = tl.arange(0, BLOCK)
-    for off in range(start, end, BLOCK):
-        idx = off + lanes
-        m = idx < end
-        key = _load_keys(row_ptr, idx, m)
-        if adm != 0:
-            take = m & (key >= th_acc)
-            if HAS_BMAX:  # a block whose maximum ranks below the threshold holds no candidate
-                sub = off // 32 + tl.arange(0, BLOCK // 32)
-                mx = tl.load(BM + b.to(tl.int64) * stride_bm + sub, mask=sub * 32 < end)
-                live = tl.max(tl.where(sub * 32 < end, _order_key(mx), -2147483647), axis=0)
-                take = take & ((lanes * 0 + (live >= th_acc).to(tl.int32)) != 0)
-            n_take = tl.sum(take.to(tl.int32), axis=0)
-            if n_take > 0:
-                base = tl.atomic_add(CNT + b, n_take)
-                pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
-                tl.store(CAND + b * cap + pos, idx, mask=take)
-        else:
-            hist += _digit_histogram(key, m, top, prefix22, ROUND, NBINS)
-            if HINTED and not PRECOUNTED:
-                if ROUND == 0:
-                    c0 += tl.sum((m & (key >= g0)).to(tl.int32), axis=0)
-                    c1 += tl.sum((m & (key >= g1)).to(tl.int32), axis=0)
-                    c2 += tl.sum((m & (key >= g2)).to(tl.int32), axis=0)
-                    c3 += tl.sum((m & (key >= g3)).to(tl.int32), axis=0)
-    if adm == 0:
-        bins = tl.arange(0, NBINS)
-        tl.atomic_add(hist_row + ROUND * NB + bins, hist, mask=hist != 0)
-        if ROUND == 2:
-            tl.store(LHIST + (b * n_split + s) * NB_LOW + bins, hist)
-        if HINTED and not PRECOUNTED:
-            if ROUND == 0:
-                tl.atomic_add(TCNT + b * 4 + 0, c0)
-                tl.atomic_add(TCNT + b * 4 + 1, c1)
-                tl.atomic_add(TCNT + b * 4 + 2, c2)
-                tl.atomic_add(TCNT + b * 4 + 3, c3)
+    g = tl.arange(0, G)
+    if ROUND == 0:
+        lo = length.to(tl.int64) * 0 + KEY_MIN
+        clo = length.to(tl.int64)
+        active = clo > cap
+        th = _first_thresholds(row_ptr, HINT, STATE, b, length, kk, k, HINTED, HAS_STATE, KP,
+                               STATE_WORDS, NS)  # fmt: skip
+    else:
+        lo, clo, hi, chi, f_lo, f_hi = _bracket(TH, TC, b, length, kk, ROUND, RMAX, FIRST_PC)
+        mode_a, mode_b = _modes(lo, clo, hi, f_lo, f_hi, cap)
+        active = ~(mode_a | mode_b)
+        th = _place(lo, clo.to(tl.float32), hi, chi.to(tl.float32), kk.to(tl.float32))
+    slot = (b * RMAX + ROUND) * G + g
+    if active:
+        start = s * chunk
+        end = tl.minimum(start + chunk, length)
+        acc = tl.zeros([BLOCK, G], dtype=tl.int32)
+        lanes = tl.arange(0, BLOCK)
+        for off in range(start, end, BLOCK):
+            idx = off + lanes
+            m = idx < end
+            key = _load_keys(row_ptr, idx, m)
+            acc += ((key[:, None] >= th[None, :]) & m[:, None]).to(tl.int32)
+        pc = tl.sum(acc, axis=0)
+        tl.store(PC + ((b * RMAX + ROUND) * n_split + s) * G + g, pc)
+        tl.atomic_add(TC + slot, pc)
+        tl.store(TH + slot, th, mask=g < tl.where(s == 0, G, 0))
+    else:
+        tl.store(TH + slot, lo.to(tl.int32) + g * 0, mask=g < tl.where(s == 0, G, 0))
+        tl.store(TC + slot, clo.to(tl.int32) + g * 0, mask=g < tl.where(s == 0, G, 0))
 
 
 @triton.jit
-def _threshold(hist_row, kk):
-    """(T, ties needed, ties in the row) from the three global histograms of a row."""
-    d0, krem = _pick(hist_row, kk, NB)
-    d1, krem = _pick(hist_row + NB, krem, NB)
-    d2, krem = _pick(hist_row + 2 * NB, krem, NB_LOW)
-    t = ((d0 - 1024) << 21) | (d1 << 10) | d2
-    ties = tl.load(hist_row + 2 * NB + d2)
-    return t, krem, ties, d2
+def _block_live(BM, b, stride_bm, off, end, thr, HAS_BMAX: tl.constexpr, BLOCK: tl.constexpr):
+    """Lanes of ``[off, off + BLOCK)`` below ``end``; none when block maxima prove that no score
+    of the block reaches key ``thr``."""
+    lanes = off + tl.arange(0, BLOCK)
+    live = lanes < end
+    if HAS_BMAX:
+        sub = off // 32 + tl.arange(0, BLOCK // 32)
+        mx = tl.load(BM + b.to(tl.int64) * stride_bm + sub, mask=sub * 32 < end,
+                     other=float("-inf"))  # fmt: skip
+        top = tl.max(tl.where(sub * 32 < end, _order_key(mx), KEY_MIN), axis=0)
+        live = live & ((lanes * 0 + (top >= thr).to(tl.int32)) != 0)
+    return live
 
 
 @triton.jit
 def _collect_kernel(
-    SC, stride_s, LEN, HIST, LHIST, CNT, CAND, TCNT, TH,
-    n, k, chunk, n_split, cap,
-    HAS_LEN: tl.constexpr, HINTED: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr,
+    SC, stride_s, LEN, TH, TC, PC, NSEG, SEG, OV, OI, SCB, BM, stride_bm,
+    n, k, chunk, n_split, cap, segcap,
+    NR: tl.constexpr, HAS_LEN: tl.constexpr, RMAX: tl.constexpr, FIRST_PC: tl.constexpr,
+    SP: tl.constexpr, HAS_BMAX: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
+    """Mode A rows: each program writes its chunk's share of the output (scores > T, then the
+    lowest-index ties at T) at its exact offset. Mode B rows: each program compacts its
+    chunk's scores >= lo, in index order, into its own segment."""
     b = tl.program_id(0)
     s = tl.program_id(1)
     row_ptr = SC + b.to(tl.int64) * stride_s
+    bits_ptr = SCB + b.to(tl.int64) * stride_s
     length, kk = _row_setup(LEN, b, n, k, HAS_LEN)
+    lo, clo, hi, chi, f_lo, f_hi = _bracket(TH, TC, b, length, kk, NR, RMAX, FIRST_PC)
+    mode_a, mode_b = _modes(lo, clo, hi, f_lo, f_hi, cap)
     start = s * chunk
     end = tl.minimum(start + chunk, length)
-    if HINTED:
-        admitted, _, _ = _accepted(TCNT, TH, b, kk, cap)
-        end = tl.where(admitted, start, end)
-    t, krem, _, d2 = _threshold(HIST + b * 3 * NB, kk)
-    n_gt = kk - krem
-    prev = tl.arange(0, SP)
-    ties_before = tl.sum(
-        tl.load(LHIST + (b * n_split + prev) * NB_LOW + d2, mask=prev < s, other=0), axis=0
-    )
     lanes = tl.arange(0, BLOCK)
-    for off in range(start, end, BLOCK):
-        idx = off + lanes
-        m = idx < end
-        key = _load_keys(row_ptr, idx, m)
-        gt = m & (key > t)
-        n_take = tl.sum(gt.to(tl.int32), axis=0)
-        if n_take > 0:
-            base = tl.atomic_add(CNT + b, n_take)
-            pos = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
-            tl.store(CAND + b * cap + pos, idx, mask=gt)
-        eq = m & (key == t)
-        rank = ties_before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
-        take = eq & (rank < krem)
-        tl.store(CAND + b * cap + n_gt + rank, idx, mask=take)
-        ties_before += tl.sum(eq.to(tl.int32), axis=0)
+    if mode_a:
+        t = lo.to(tl.int32)
+        krem = kk - chi.to(tl.int32)
+        sp = tl.arange(0, SP)
+        ms = sp < n_split
+        r_lo = f_lo // G
+        r_hi = f_hi // G
+        c_lo = tl.load(PC + ((b * RMAX + r_lo) * n_split + sp) * G + f_lo % G, mask=ms, other=0)
+        c_hi = tl.load(PC + ((b * RMAX + r_hi) * n_split + sp) * G + f_hi % G, mask=ms, other=0)
+        eq = c_lo - c_hi
+        ties_before = tl.cumsum(eq, axis=0) - eq
+        take = tl.minimum(tl.maximum(krem - ties_before, 0), eq)
+        before = sp < s
+        out_run = tl.sum(tl.where(before, c_hi + take, 0), axis=0)
+        tie_run = tl.sum(tl.where(before, eq, 0), axis=0)
+        for off in range(start, end, BLOCK):
+            idx = off + lanes
+            m = _block_live(BM, b, stride_bm, off, end, t, HAS_BMAX, BLOCK)
+            key = _load_keys(row_ptr, idx, m)
+            gt = m & (key > t)
+            eqm = m & (key == t)
+            rank = tie_run + tl.cumsum(eqm.to(tl.int32), axis=0) - 1
+            sel = gt | (eqm & (rank < krem))
+            pos = out_run + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            tl.store(OV + b * k + pos, tl.load(bits_ptr + idx, mask=sel), mask=sel)
+            tl.store(OI + b * k + pos, idx, mask=sel)
+            out_run += tl.sum(sel.to(tl.int32), axis=0)
+            tie_run += tl.sum(eqm.to(tl.int32), axis=0)
+    if mode_b:
+        seg = SEG + (b * n_split + s).to(tl.int64) * segcap
+        thr = lo.to(tl.int32)
+        run = kk * 0
+        for off in range(start, end, BLOCK):
+            idx = off + lanes
+            m = _block_live(BM, b, stride_bm, off, end, thr, HAS_BMAX, BLOCK)
+            take = m & (_load_keys(row_ptr, idx, m) >= thr)
+            pos = run + tl.cumsum(take.to(tl.int32), axis=0) - 1
+            tl.store(seg + pos, idx, mask=take)
+            run += tl.sum(take.to(tl.int32), axis=0)
+        tl.store(NSEG + b * n_split + s, run)
 
 
 @triton.jit
-def _emit(row_ptr, bits_ptr, b, CAND, n_cand, kk, k, length, OV, OI, STATE, TCNT, TH,
-          acc_key, acc_cnt, path, HINTED: tl.constexpr, HAS_STATE: tl.constexpr,
-          CAP: tl.constexpr, STATE_WORDS: tl.constexpr):  # fmt: skip
-    """Sort the row's n_cand candidates on (key, -index), write the first k (pads past kk) and
-    publish the row's state."""
-    slots = tl.arange(0, CAP)
-    live = slots < n_cand
-    idx = tl.load(CAND + b * CAP + slots, mask=live, other=0)
-    key = _load_keys(row_ptr, idx, live)
-    comp = (key.to(tl.int64) << 32) - 1 - idx.to(tl.int64)
-    comp = tl.where(live, comp, tl.full([CAP], -1, tl.int64) << 63)
-    comp = tl.sort(comp, descending=True)
-    key_s = (comp >> 32) + 1
-    idx_s = ((key_s << 32) - 1 - comp).to(tl.int32)
-    out_ok = slots < kk
-    # values are copied as raw bits (bits_ptr / OV are integer views): NaN payloads survive
-    bits = tl.load(bits_ptr + idx_s, mask=out_ok, other=0)
-    pad = (
-        tl.full([CAP], float("-inf"), tl.float32)
-        .to(row_ptr.dtype.element_ty)
-        .to(bits_ptr.dtype.element_ty, bitcast=True)
-    )
-    wr = slots < k
-    tl.store(OV + b * k + slots, tl.where(out_ok, bits, pad), mask=wr)
-    tl.store(OI + b * k + slots, tl.where(out_ok, idx_s, -1), mask=wr)
-    if HAS_STATE:
-        kth = tl.sum(tl.where(slots == kk - 1, key_s, 0), axis=0).to(tl.int32)
-        w = tl.arange(0, 32)  # STATE_WORDS <= 32
-        row = tl.zeros([32], dtype=tl.int32)
-        row = tl.where(w == 0, (kk > 0).to(tl.int32), row)
-        row = tl.where(w == 1, kth, row)
-        row = tl.where(w == 2, acc_key, row)
-        row = tl.where(w == 3, acc_cnt, row)
-        row = tl.where(w == 5, path, row)
-        row = tl.where(w == 6, length, row)
-        row = tl.where(w == 7, k, row)
-        if HINTED:
-            row = tl.where(w == 4, 4, row)
-            gi = w - 8
-            tmask = (gi >= 0) & (gi < 4)
-            th = tl.load(TH + b * 4 + gi, mask=tmask, other=0)
-            row = tl.where(tmask, th, row)
-            ci = w - 8 - (STATE_WORDS - 8) // 2
-            cmask = (ci >= 0) & (ci < 4)
-            row = tl.where(cmask, tl.load(TCNT + b * 4 + ci, mask=cmask, other=0), row)
-        tl.store(STATE + b * STATE_WORDS + w, row, mask=w < STATE_WORDS)
+def _count_row(row_ptr, length, th, BLOCK: tl.constexpr):
+    """Exact counts of the row's valid keys at thresholds ``th`` (int64), one program."""
+    acc = tl.zeros([BLOCK, G], dtype=tl.int32)
+    lanes = tl.arange(0, BLOCK)
+    for off in range(0, length, BLOCK):
+        idx = off + lanes
+        m = idx < length
+        key = _load_keys(row_ptr, idx, m)
+        acc += ((key[:, None] >= th[None, :]) & m[:, None]).to(tl.int32)
+    return tl.sum(acc, axis=0).to(tl.int64)
 
 
 @triton.jit
 def _finish_kernel(
-    SC, stride_s, LEN, HIST, CNT, CAND, TCNT, TH, STATE, OV, OI, SCB,
-    n, k,
-    HAS_LEN: tl.constexpr, HINTED: tl.constexpr, HAS_STATE: tl.constexpr,
-    CAP: tl.constexpr, KO: tl.constexpr, STATE_WORDS: tl.constexpr,
+    SC, stride_s, LEN, HINT, TH, TC, PC, NSEG, PFX, SEG, STATE, OV, OI, SCB,
+    n, k, n_split, cap, segcap,
+    NR: tl.constexpr, HAS_LEN: tl.constexpr, HINTED: tl.constexpr, HAS_STATE: tl.constexpr,
+    RMAX: tl.constexpr, FIRST_PC: tl.constexpr, SP: tl.constexpr, LOG_SP: tl.constexpr,
+    CAP: tl.constexpr, KP: tl.constexpr, KO: tl.constexpr, STATE_WORDS: tl.constexpr,
+    NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     row_ptr = SC + b.to(tl.int64) * stride_s
+    bits_ptr = SCB + b.to(tl.int64) * stride_s
     length, kk = _row_setup(LEN, b, n, k, HAS_LEN)
-    hist_row = HIST + b * 3 * NB
-    admitted = kk < 0
-    th_acc = kk * 0
-    cnt_acc = kk * 0
-    if HINTED:
-        admitted, th_acc, cnt_acc = _accepted(TCNT, TH, b, kk, CAP)
-    if admitted:
-        acc_key = th_acc
-        acc_cnt = cnt_acc
-    else:
-        t, krem, ties, _ = _threshold(hist_row, kk)
-        acc_key = t
-        acc_cnt = kk - krem + ties
-    n_cand = tl.where(admitted, cnt_acc, kk)
-    _emit(row_ptr, SCB + b.to(tl.int64) * stride_s, b, CAND, n_cand, kk, k, length, OV, OI,
-          STATE, TCNT, TH, acc_key, acc_cnt, admitted.to(tl.int32), HINTED, HAS_STATE, CAP,
-          STATE_WORDS)  # fmt: skip
-    # restore the workspace this row owns to zero for the next call
-    bins = tl.arange(0, NB)
-    tl.store(hist_row + bins, tl.zeros([NB], dtype=tl.int32))
-    tl.store(hist_row + NB + bins, tl.zeros([NB], dtype=tl.int32))
-    tl.store(hist_row + 2 * NB + bins, tl.zeros([NB], dtype=tl.int32), mask=bins < NB_LOW)
-    tl.store(CNT + b, 0)
-    if HINTED:
-        tl.store(TCNT + b * 4 + tl.arange(0, 4), tl.zeros([4], dtype=tl.int32))
-
-
-@triton.jit
-def _pick_reg(h, krem, NBINS: tl.constexpr):
-    bins = tl.arange(0, NBINS)
-    total = tl.sum(h, axis=0)
-    inc = total - tl.cumsum(h, axis=0) + h
-    d = tl.maximum(tl.sum((inc >= krem).to(tl.int32), axis=0) - 1, 0)  # as in _pick
-    above = tl.sum(tl.where(bins == d, inc - h, 0), axis=0)
-    return d, krem - above
-
-
-@triton.jit
-def _row_hist(row_ptr, length, top, prefix22, ROUND: tl.constexpr, NBINS: tl.constexpr,
-              BLOCK: tl.constexpr):  # fmt: skip
-    hist = tl.zeros([NBINS], dtype=tl.int32)
-    lanes = tl.arange(0, BLOCK)
-    for off in range(0, length, BLOCK):
-        idx = off + lanes
-        m = idx < length
-        key = _load_keys(row_ptr, idx, m)
-        hist += _digit_histogram(key, m, top, prefix22, ROUND, NBINS)
-    return hist
-
-
-@triton.jit
-def _row_select_kernel(
-    SC, stride_s, LEN, CAND, STATE, OV, OI, SCB,
-    n, k,
-    HAS_LEN: tl.constexpr, HAS_STATE: tl.constexpr, CAP: tl.constexpr,
-    STATE_WORDS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """The whole hint-free select of one row in one program (short rows / large batches): the
-    three histogram rounds in registers, the collect with running counters, the sort."""
-    b = tl.program_id(0)
-    row_ptr = SC + b.to(tl.int64) * stride_s
-    length, kk = _row_setup(LEN, b, n, k, HAS_LEN)
-    h0 = _row_hist(row_ptr, length, 0, 0, 0, NB, BLOCK)
-    d0, krem = _pick_reg(h0, kk, NB)
-    top = d0 - 1024
-    h1 = _row_hist(row_ptr, length, top, 0, 1, NB, BLOCK)
-    d1, krem = _pick_reg(h1, krem, NB)
-    prefix22 = top * 2048 + d1
-    h2 = _row_hist(row_ptr, length, top, prefix22, 2, NB_LOW, BLOCK)
-    d2, krem = _pick_reg(h2, krem, NB_LOW)
-    t = (top << 21) | (d1 << 10) | d2
-    ties = tl.sum(tl.where(tl.arange(0, NB_LOW) == d2, h2, 0), axis=0)
-    n_gt = kk - krem
-    gt_seen = kk * 0
-    ties_seen = kk * 0
-    lanes = tl.arange(0, BLOCK)
-    for off in range(0, length, BLOCK):
-        idx = off + lanes
-        m = idx < length
-        key = _load_keys(row_ptr, idx, m)
-        gt = m & (key > t)
-        pos = gt_seen + tl.cumsum(gt.to(tl.int32), axis=0) - 1
-        tl.store(CAND + b * CAP + pos, idx, mask=gt)
-        gt_seen += tl.sum(gt.to(tl.int32), axis=0)
-        eq = m & (key == t)
-        rank = ties_seen + tl.cumsum(eq.to(tl.int32), axis=0) - 1
-        tl.store(CAND + b * CAP + n_gt + rank, idx, mask=eq & (rank < krem))
-        ties_seen += tl.sum(eq.to(tl.int32), axis=0)
-    tl.debug_barrier()  # the candidates written above are read back by other threads
-    _emit(row_ptr, SCB + b.to(tl.int64) * stride_s, b, CAND, kk, kk, k, length, OV, OI,
-          STATE, CAND, CAND, t, kk - krem + ties, kk * 0, False, HAS_STATE, CAP,
-          STATE_WORDS)  # fmt: skip
+    kk64 = kk.to(tl.int64)
+    g = tl.arange(0, G)
+    lo, clo, hi, chi, f_lo, f_hi = _bracket(TH, TC, b, length, kk, NR, RMAX, FIRST_PC)
+    mode_a, mode_b = _modes(lo, clo, hi, f_lo, f_hi, cap)
+    if NR == 0:  # no collecting pass ran: every row is finished here
+        mode_a = kk < 0
+        mode_b = kk < 0
+    # rounds this row was counted in (a round is skipped once the row is resolved)
+    rounds = kk * 0
+    for r in tl.static_range(NR):
+        if r >= FIRST_PC:
+            if r == 0:
+                rounds += (length > cap).to(tl.int32)
+            else:
+                l_, c_, h_, _x, fl_, fh_ = _bracket(TH, TC, b, length, kk, r, RMAX, FIRST_PC)
+                a_, b_ = _modes(l_, c_, h_, fl_, fh_, cap)
+                rounds += (~(a_ | b_)).to(tl.int32)
+    tried_th = tl.load(TH + (b * RMAX) * G + g, mask=g < (G if NR > 0 else 0), other=0)
+    tried_c = tl.load(TC + (b * RMAX) * G + g, mask=g < (G if NR > 0 else 0), other=0)
+    n_tried = tl.where((NR > 0) & ((FIRST_PC > 0) | (length > cap)), 8, 0)
+    loop_a = kk < 0
+    if ~(mode_a | mode_b):
+        # not resolved by the rounds (or S = 1): the same rounds over the whole row, here
+        first = (kk * 0 + NR) == 0
+        tgt = kk.to(tl.float32)
+        while ~((hi == lo + 1) | (clo <= cap)):
+            if first:
+                th = _first_thresholds(row_ptr, HINT, STATE, b, length, kk, k, HINTED,
+                                       HAS_STATE, KP, STATE_WORDS, NS)  # fmt: skip
+            else:
+                th = _place(lo, clo.to(tl.float32), hi, chi.to(tl.float32), tgt)
+            c = _count_row(row_ptr, length, th, BLOCK)
+            if first:
+                tried_th = th
+                tried_c = c.to(tl.int32)
+                n_tried = n_tried * 0 + 8
+            lo, clo, hi, chi = _narrow(lo, clo, hi, chi, th, c, kk64)
+            rounds += 1
+            first = kk < 0
+        loop_a = hi == lo + 1
+        lanes = tl.arange(0, BLOCK)
+        run = kk * 0
+        if loop_a:  # T = lo: keep > T and the lowest-index ties, in index order
+            t = lo.to(tl.int32)
+            krem = kk - chi.to(tl.int32)
+            tie_run = kk * 0
+            for off in range(0, length, BLOCK):
+                idx = off + lanes
+                m = idx < length
+                key = _load_keys(row_ptr, idx, m)
+                eqm = m & (key == t)
+                rank = tie_run + tl.cumsum(eqm.to(tl.int32), axis=0) - 1
+                sel = (m & (key > t)) | (eqm & (rank < krem))
+                pos = run + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                tl.store(OV + b * k + pos, tl.load(bits_ptr + idx, mask=sel), mask=sel)
+                tl.store(OI + b * k + pos, idx, mask=sel)
+                run += tl.sum(sel.to(tl.int32), axis=0)
+                tie_run += tl.sum(eqm.to(tl.int32), axis=0)
+        else:  # compact the scores >= lo into this row's first segment(s), then rank below
+            seg = SEG + (b * n_split).to(tl.int64) * segcap
+            thr = lo.to(tl.int32)
+            for off in range(0, length, BLOCK):
+                idx = off + lanes
+                m = idx < length
+                take = m & (_load_keys(row_ptr, idx, m) >= thr)
+                pos = run + tl.cumsum(take.to(tl.int32), axis=0) - 1
+                tl.store(seg + pos, idx, mask=take)
+                run += tl.sum(take.to(tl.int32), axis=0)
+            sp = tl.arange(0, SP)
+            tl.store(NSEG + b * n_split + sp, tl.where(sp == 0, run, 0), mask=sp < n_split)
+            tl.debug_barrier()
+    t_key = lo.to(tl.int32)
+    if (mode_b | (~(mode_a | loop_a))) & (kk > 0):
+        # rank the compacted candidates: gather them in index order, find T in registers
+        sp = tl.arange(0, SP)
+        ns = tl.load(NSEG + b * n_split + sp, mask=sp < n_split, other=0)
+        pfx = tl.cumsum(ns, axis=0) - ns
+        tl.store(PFX + b * SP + sp, pfx, mask=sp < n_split)
+        n_cand = tl.sum(ns, axis=0)
+        tl.debug_barrier()
+        j = tl.arange(0, CAP)
+        live = j < n_cand
+        at = j * 0
+        for i in tl.static_range(LOG_SP):
+            step = 1 << (LOG_SP - 1 - i)
+            probe = at + step
+            okp = live & (probe < n_split)
+            v = tl.load(PFX + b * SP + probe, mask=okp, other=2**31 - 1)
+            at = tl.where(okp & (v <= j), probe, at)
+        first_slot = tl.load(PFX + b * SP + at, mask=live, other=0)
+        base = SEG + (b * n_split).to(tl.int64) * segcap
+        cidx = tl.load(base + at.to(tl.int64) * segcap + (j - first_slot), mask=live, other=0)
+        ckey = _load_keys(row_ptr, cidx, live)
+        clo_c = clo
+        lo_c = lo
+        while hi > lo_c + 1:
+            th = _place(lo_c, clo_c.to(tl.float32), hi, chi.to(tl.float32), kk.to(tl.float32))
+            c = tl.sum(((ckey[:, None] >= th[None, :]) & live[:, None]).to(tl.int64), axis=0)
+            lo_c, clo_c, hi, chi = _narrow(lo_c, clo_c, hi, chi, th, c, kk64)
+        t_key = lo_c.to(tl.int32)
+        krem = kk - chi.to(tl.int32)
+        eqm = live & (ckey == t_key)
+        rank = tl.cumsum(eqm.to(tl.int32), axis=0) - 1
+        sel = (live & (ckey > t_key)) | (eqm & (rank < krem))
+        pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        tl.store(OV + b * k + pos, tl.load(bits_ptr + cidx, mask=sel), mask=sel)
+        tl.store(OI + b * k + pos, cidx, mask=sel)
+    # pads past kk
+    slots = tl.arange(0, KO)
+    pad = (
+        tl.full([KO], float("-inf"), tl.float32)
+        .to(row_ptr.dtype.element_ty)
+        .to(bits_ptr.dtype.element_ty, bitcast=True)
+    )
+    pm = (slots >= kk) & (slots < k)
+    tl.store(OV + b * k + slots, pad, mask=pm)
+    tl.store(OI + b * k + slots, slots * 0 - 1, mask=pm)
+    if HAS_STATE:
+        w = tl.arange(0, 32)  # STATE_WORDS <= 32
+        row = tl.zeros([32], dtype=tl.int32)
+        has = kk > 0
+        row = tl.where(w == 0, has.to(tl.int32), row)
+        row = tl.where(w == 1, tl.where(has, t_key, 0), row)
+        row = tl.where(w == 2, tl.where(has, lo.to(tl.int32), 0), row)
+        row = tl.where(w == 3, tl.where(has, clo.to(tl.int32), 0), row)
+        row = tl.where(w == 4, n_tried, row)
+        row = tl.where(w == 5, rounds, row)
+        row = tl.where(w == 6, length, row)
+        row = tl.where(w == 7, k, row)
+        half = (STATE_WORDS - 8) // 2
+        for i in tl.static_range(8):
+            row = tl.where(w == 8 + i, tl.sum(tl.where(g == i, tried_th, 0), axis=0), row)
+            row = tl.where(w == 8 + half + i, tl.sum(tl.where(g == i, tried_c, 0), axis=0), row)
+        tl.store(STATE + b * STATE_WORDS + w, row, mask=w < STATE_WORDS)
+    # the counting totals of this row go back to zero for the next call
+    r2 = tl.arange(0, RMAX)[:, None]
+    tl.store(TC + (b * RMAX + r2) * G + g[None, :], tl.zeros([RMAX, G], dtype=tl.int32))

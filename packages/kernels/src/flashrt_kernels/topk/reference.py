@@ -1,13 +1,17 @@
 """Torch specification of the deterministic top-K (the order every backend reproduces bit for bit).
 
-Order of the output of row ``b`` (over its valid prefix ``scores[b, :lengths[b]]``):
-- values descending; NaN ranks above +inf (as ``torch.topk`` ranks it), +inf above every finite
-  value, -inf lowest; ``-0.0`` and ``+0.0`` are equal (a tie);
-- among equal values (ties, including all NaNs of a row, whatever their payload) the lower index
-  comes first, so the ties kept at the K-th value are the lowest-indexed ones;
-- the values are the input's own elements (their bits: a NaN payload or a ``-0.0`` survives);
-- a row with fewer than ``k`` valid elements returns all of them, then pads with index ``-1`` and
-  value ``-inf`` (``PAD_INDEX`` / ``PAD_VALUE``).
+Selection of row ``b`` (over its valid prefix ``scores[b, :lengths[b]]``): the ``k`` elements that
+rank highest, where values rank descending, NaN above +inf (as ``torch.topk`` ranks it), +inf
+above every finite value, -inf lowest, ``-0.0`` equal to ``+0.0``, and among equal values (ties,
+including all NaNs of a row, whatever their payload) the lower index ranks higher -- so the ties
+kept at the K-th value are the lowest-indexed ones.
+
+Order of the output: the selected elements in ascending index order (what a sparse-attention
+gather wants, and what the kernels produce without sorting); ``sort_by_rank`` reorders a result
+by rank (values descending, ties by index) when a sorted list is wanted. The values are the
+input's own elements (their bits: a NaN payload or a ``-0.0`` survives). A row with fewer than
+``k`` valid elements returns all of them, then pads with index ``-1`` and value ``-inf``
+(``PAD_INDEX`` / ``PAD_VALUE``).
 
 The rank is a total order on a 64-bit composite: the order-preserving signed 32-bit key of the
 fp32 value (bf16 / fp16 are widened exactly) in the high word, ``2**32 - 1 - index`` in the low
@@ -46,7 +50,7 @@ def composite_key(scores: torch.Tensor, lengths: torch.Tensor | None = None) -> 
 def topk(
     scores: torch.Tensor, k: int, lengths: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values [B, k] scores.dtype, indices [B, k] int32) in the order described above."""
+    """(values [B, k] scores.dtype, indices [B, k] int32): the selection in ascending index order."""
     b, n = scores.shape
     comp = composite_key(scores, lengths)
     kk = min(k, n)
@@ -54,6 +58,9 @@ def topk(
     idx = 0xFFFFFFFF - (top & 0xFFFFFFFF)
     lens = torch.full((b,), n, device=scores.device) if lengths is None else lengths.long()
     live = torch.arange(kk, device=scores.device)[None, :] < lens.clamp(max=n)[:, None]
+    idx = torch.where(live, idx, torch.full_like(idx, 2**40))  # pads sort last
+    idx = torch.sort(idx, dim=1).values
+    live = idx < 2**40
     safe = torch.where(live, idx, torch.zeros_like(idx))
     vals = torch.gather(scores, 1, safe) if n else scores.new_empty((b, 0))
     vals = torch.where(live, vals, torch.full_like(vals, PAD_VALUE))
@@ -62,3 +69,11 @@ def topk(
         vals = torch.cat([vals, vals.new_full((b, k - kk), PAD_VALUE)], 1)
         idx = torch.cat([idx, idx.new_full((b, k - kk), PAD_INDEX)], 1)
     return vals, idx
+
+
+def sort_by_rank(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A selection reordered by rank: values descending, ties by ascending index, pads last."""
+    comp = (order_key(values).long() << 32) | (0xFFFFFFFF - indices.long().clamp(min=0))
+    comp = torch.where(indices >= 0, comp, torch.full_like(comp, -(2**63)))
+    order = torch.sort(comp, dim=1, descending=True).indices
+    return torch.gather(values, 1, order), torch.gather(indices, 1, order)

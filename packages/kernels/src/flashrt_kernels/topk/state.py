@@ -13,14 +13,16 @@ word  name              meaning
 ====  ================  ============================================================================
 0     VALID             1 when the row was published by a completed call with >= 1 valid element
 1     KTH_KEY           exact key of the row's K-th value (of its last valid one when length < K)
-2     ACCEPTED_KEY      the threshold the call accepted: every valid score with key >= it was a
-                        candidate (the radix path accepts the K-th key itself)
-3     ACCEPTED_COUNT    exact number of valid scores with key >= ACCEPTED_KEY
-4     N_TRIED           how many thresholds were counted (0 .. MAX_TRIED); 0 on the hint-free path
-5     PATH              PATH_RADIX (exact hint-free select) or PATH_GUESS (a hint's threshold won)
+2     ACCEPTED_KEY      the lower end of the row's final bracket: every valid score with key >= it
+                        was a candidate (-2**31 when the whole row was)
+3     ACCEPTED_COUNT    exact number of valid scores with key >= ACCEPTED_KEY (>= min(k, length))
+4     N_TRIED           thresholds of the first counting round published below (8, or 0 when the
+                        row needed no counting: a short row, or seed lines that admitted it)
+5     ROUNDS            counting passes the row needed (1: its first thresholds -- a good hint's
+                        -- resolved it; 0: no counting at all)
 6     LENGTH            the row's valid length used
 7     K                 the k of the call
-8+i   TRIED_KEY[i]      i < N_TRIED: the i-th threshold counted, in the order they were tried
+8+i   TRIED_KEY[i]      i < N_TRIED: the i-th threshold of the first round (or the i-th seed line)
 8+MAX_TRIED+i  TRIED_COUNT[i]  exact number of valid scores with key >= TRIED_KEY[i]
 ====  ================  ============================================================================
 """
@@ -32,11 +34,10 @@ import struct
 import torch
 
 MAX_TRIED = 8
-VALID, KTH_KEY, ACCEPTED_KEY, ACCEPTED_COUNT, N_TRIED, PATH, LENGTH, K = range(8)
+VALID, KTH_KEY, ACCEPTED_KEY, ACCEPTED_COUNT, N_TRIED, ROUNDS, LENGTH, K = range(8)
 TRIED_KEY = 8
 TRIED_COUNT = 8 + MAX_TRIED
 STATE_WORDS = 8 + 2 * MAX_TRIED
-PATH_RADIX, PATH_GUESS = 0, 1
 
 
 def new_state(batch: int, device: torch.device | str = "cuda") -> torch.Tensor:
