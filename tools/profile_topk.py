@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from flashrt_kernels.benchmarking import time_graph_us  # noqa: E402
 from flashrt_kernels.testing.chains import ScoreChain  # noqa: E402
-from flashrt_kernels.topk import topk  # noqa: E402
+from flashrt_kernels.topk import select, topk  # noqa: E402
 
 CELLS = ["1,8192,512", "1,131072,1024", "1,1048576,512", "8,262144,2048", "64,8192,512",
          "64,262144,2048"]  # fmt: skip
@@ -48,6 +48,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cells", nargs="*", default=CELLS)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument(
+        "--splits",
+        nargs="*",
+        type=int,
+        default=[],
+        help="also time the hint-free select at these programs-per-row counts",
+    )
     args = ap.parse_args()
     print("| cell | path | kernel | us/call |\n|---|---|---|---|")
     for cell in args.cells:
@@ -63,10 +70,15 @@ def main() -> int:
             "hinted": functools.partial(topk, x, k, hint=hint, out_values=ov, out_indices=oi),
             "torch.topk": functools.partial(torch.topk, x, k, sorted=False),
         }
+        for sp in args.splits:
+            paths[f"hint-free S={sp}"] = functools.partial(select.select, x, k, None, ov, oi, None,
+                                                           sp)  # fmt: skip
         for name, fn in paths.items():
             graph_us = time_graph_us([fn], rep_ms=20)
-            times = _kernel_times(fn, args.iters)
             print(f"| {cell} | {name} | (CUDA graph, whole call) | {graph_us:.1f} |")
+            if name.startswith("hint-free S="):
+                continue
+            times = _kernel_times(fn, args.iters)
             for kname, us in sorted(times.items(), key=lambda kv: -kv[1]):
                 print(f"| {cell} | {name} | {kname} | {us:.1f} |")
         sys.stdout.flush()

@@ -63,27 +63,41 @@ def _row_setup(LEN, b, n, k, HAS_LEN: tl.constexpr):
 
 
 @triton.jit
-def _place(lo, clo, hi, chi, tgt):
-    """Eight thresholds strictly inside ``(lo, hi)`` (int64 keys; counts as fp32, ``tgt`` the
-    count sought): ``lo + 1`` and ``hi - 1`` (a tie class at either end resolves at once), the
-    key midpoint (the bisection that bounds the worst case) and five points where the count,
-    interpolated log-linearly in value between the ends, is ``tgt`` x 0.75 .. 2.6."""
+def _clamp_key(th, lo, hi):
+    """int64 keys clamped strictly inside ``(lo, hi)`` and into int32."""
+    th = tl.minimum(tl.maximum(th, lo + 1), hi - 1)
+    return tl.minimum(tl.maximum(th, KEY_MIN + 1), 2**31 - 1).to(tl.int32)
+
+
+@triton.jit
+def _curve(ka, ca, kb, cb, tgt):
+    """Keys where the count, log-linear in value through (ka, ca) and (kb, cb) (ka < kb,
+    ca > cb > 0), equals ``tgt`` (a vector): interpolation, or extrapolation up to 4x the span."""
+    la = tl.log(tl.maximum(ca, 1.0))
+    lb = tl.log(tl.maximum(cb, 0.5))
+    frac = (la - tl.log(tl.maximum(tgt, 0.5))) / tl.maximum(la - lb, 1e-6)
+    frac = tl.minimum(tl.maximum(frac, -4.0), 5.0)
+    va = _key_value(tl.minimum(tl.maximum(ka, FINITE_LO), FINITE_HI).to(tl.int32))
+    vb = _key_value(tl.minimum(tl.maximum(kb, FINITE_LO), FINITE_HI).to(tl.int32))
+    return _order_key(va + frac * (vb - va)).to(tl.int64)
+
+
+@triton.jit
+def _refine(lo, clo, hi, chi, tgt):
+    """Eight thresholds inside the exact bracket ``(lo, hi)`` (counts ``clo``, ``chi`` as fp32):
+    ``lo + 1`` and ``hi - 1`` (a tie class at either end resolves at once), the key midpoint
+    (bisection bounds the worst case), and five points where the count interpolated log-linearly
+    between the ends is ``tgt`` x 0.75 .. 2.6 -- or, with one end unbounded, five points at
+    geometrically growing key distances (4 .. 2^22) from the other end (bracket expansion)."""
     g = tl.arange(0, G)
     f = tl.where(g == 1, 0.75, tl.where(g == 2, 1.0, tl.where(g == 3, 1.3,
                  tl.where(g == 4, 1.8, 2.6))))  # fmt: skip
-    la = tl.log(tl.maximum(clo, 1.0))
-    lb = tl.log(tl.maximum(chi, 0.5))
-    lt = tl.log(tl.maximum(tgt * f, 0.5))
-    frac = tl.minimum(tl.maximum((la - lt) / tl.maximum(la - lb, 1e-6), 0.0), 1.0)
-    vlo = _key_value(tl.maximum(lo, FINITE_LO).to(tl.int32))
-    vhi = _key_value(tl.minimum(hi, FINITE_HI).to(tl.int32))
-    v = vlo * (1.0 - frac) + vhi * frac
-    interp = _order_key(v).to(tl.int64)
-    th = tl.where(
-        g == 0, lo + 1, tl.where(g == 7, hi - 1, tl.where(g == 6, (lo + hi) // 2, interp))
-    )
-    th = tl.minimum(tl.maximum(th, lo + 1), hi - 1)
-    return tl.minimum(tl.maximum(th, KEY_MIN + 1), 2**31 - 1).to(tl.int32)
+    interp = _curve(lo, clo, hi, chi, tgt * f)
+    step = (1 << tl.maximum(4 * g - 2, 0)).to(tl.int64)  # 4, 64, .., 2^18; 2^22 in slot 6
+    mid = tl.where(g == 6, (lo + hi) // 2, interp)
+    interp = tl.where(hi >= KEY_END, lo + step, tl.where(lo <= KEY_MIN, hi - step, mid))
+    th = tl.where(g == 0, lo + 1, tl.where(g == 7, hi - 1, interp))
+    return _clamp_key(th, lo, hi)
 
 
 @triton.jit
@@ -99,26 +113,61 @@ def _narrow(lo, clo, hi, chi, th, c, tgt):
 
 
 @triton.jit
-def _sample_thresholds(row_ptr, length, kk, NS: tl.constexpr):
-    """Eight thresholds for a row with no hint: three narrowing steps on ``NS`` strided samples
-    (counts scaled by length / NS), then placed for the row's own count ``kk``."""
+def _sample_thresholds(row_ptr, length, kk, NS: tl.constexpr, STEPS: tl.constexpr):
+    """Eight thresholds for a row with no hint: estimates of the keys whose counts are ``kk`` x
+    (0.25, 0.5, 1, 1.4, 4, 0.7, 1.2, 2) -- eight searches at once (interpolation, kept inside
+    the middle 80% of each bracket) over ``NS`` strided samples whose counts are scaled by
+    length / NS. A count below one sample is extrapolated above the sample maximum (the count
+    assumed to halve every 2^19 keys, about 6% in value)."""
     j = tl.arange(0, NS)
     pos = (j.to(tl.int64) * length) // NS
     m = pos < length
     keys = _load_keys(row_ptr, pos, m)
-    lo = tl.min(tl.where(m, keys, 2**31 - 1), axis=0).to(tl.int64)
-    hi = tl.max(tl.where(m, keys, KEY_MIN), axis=0).to(tl.int64) + 1
+    smin = tl.min(tl.where(m, keys, 2**31 - 1), axis=0).to(tl.int64)
+    smax = tl.max(tl.where(m, keys, KEY_MIN), axis=0).to(tl.int64)
     scale = length.to(tl.float32) / NS
-    clo = tl.sum(m.to(tl.float32), axis=0) * scale
-    chi = clo * 0.0
-    tgt = kk.to(tl.float32)
-    for _ in tl.static_range(3):
-        if hi > lo + 1:
-            th = _place(lo, clo, hi, chi, tgt)
-            hit = (keys[:, None] >= th[None, :]) & m[:, None]
-            c = tl.sum(hit.to(tl.float32), axis=0) * scale
-            lo, clo, hi, chi = _narrow(lo, clo, hi, chi, th, c, tgt)
-    return _place(lo, clo, hi, chi, tgt)
+    g = tl.arange(0, G)
+    f = tl.where(
+        g == 0,
+        0.25,
+        tl.where(
+            g == 1,
+            0.5,
+            tl.where(
+                g == 2,
+                1.0,
+                tl.where(
+                    g == 3,
+                    1.4,
+                    tl.where(g == 4, 4.0, tl.where(g == 5, 0.7, tl.where(g == 6, 1.2, 2.0))),
+                ),
+            ),
+        ),
+    )
+    tgt = kk.to(tl.float32) * f / scale  # in samples
+    lo = smin + g * 0
+    hi = smax + 1 + g * 0
+    clo = tl.sum(m.to(tl.float32), axis=0) + f * 0.0
+    chi = f * 0.0
+    for _ in tl.static_range(STEPS):
+        la = tl.log(tl.maximum(clo, 1.0))
+        lb = tl.log(tl.maximum(chi, 0.5))
+        frac = (la - tl.log(tl.maximum(tgt, 0.5))) / tl.maximum(la - lb, 1e-6)
+        frac = tl.minimum(tl.maximum(frac, 0.1), 0.9)
+        va = _key_value(tl.minimum(tl.maximum(lo, FINITE_LO), FINITE_HI).to(tl.int32))
+        vb = _key_value(tl.minimum(tl.maximum(hi, FINITE_LO), FINITE_HI).to(tl.int32))
+        th = _order_key(va + frac * (vb - va)).to(tl.int64)
+        th = tl.minimum(tl.maximum(th, lo + 1), hi - 1)
+        c = tl.sum(((keys[:, None] >= th[None, :]) & m[:, None]).to(tl.float32), axis=0)
+        ge = (c >= tgt) & (hi > lo + 1)
+        lt = (c < tgt) & (hi > lo + 1)
+        lo = tl.where(ge, th, lo)
+        clo = tl.where(ge, c, clo)
+        hi = tl.where(lt, th, hi)
+        chi = tl.where(lt, c, chi)
+    beyond = smax + (524288.0 * tl.log2(1.0 / tl.maximum(tgt, 1e-6))).to(tl.int64)
+    th = tl.where(tgt < 1.0, beyond, lo)
+    return tl.minimum(tl.maximum(th, KEY_MIN + 1), 2**31 - 1).to(tl.int32)
 
 
 @triton.jit
@@ -129,7 +178,7 @@ def _first_thresholds(row_ptr, HINT, STATE, b, length, kk, k, HINTED: tl.constex
     at the hinted positions (entries outside ``[0, length)`` ignored) and that key + 1, the
     published K-th key and K-th key + 1 and the published accepted key (when the state is
     valid; else the hinted key again)."""
-    th = _sample_thresholds(row_ptr, length, kk, NS)
+    th = _sample_thresholds(row_ptr, length, kk, NS, 5)
     if HINTED:
         slots = tl.arange(0, KP)
         h = tl.load(HINT + b * k + slots, mask=slots < k, other=-1)
@@ -209,7 +258,7 @@ def _count_kernel(
         lo, clo, hi, chi, f_lo, f_hi = _bracket(TH, TC, b, length, kk, ROUND, RMAX, FIRST_PC)
         mode_a, mode_b = _modes(lo, clo, hi, f_lo, f_hi, cap)
         active = ~(mode_a | mode_b)
-        th = _place(lo, clo.to(tl.float32), hi, chi.to(tl.float32), kk.to(tl.float32))
+        th = _refine(lo, clo.to(tl.float32), hi, chi.to(tl.float32), kk.to(tl.float32))
     slot = (b * RMAX + ROUND) * G + g
     if active:
         start = s * chunk
@@ -363,7 +412,7 @@ def _finish_kernel(
                 th = _first_thresholds(row_ptr, HINT, STATE, b, length, kk, k, HINTED,
                                        HAS_STATE, KP, STATE_WORDS, NS)  # fmt: skip
             else:
-                th = _place(lo, clo.to(tl.float32), hi, chi.to(tl.float32), tgt)
+                th = _refine(lo, clo.to(tl.float32), hi, chi.to(tl.float32), tgt)
             c = _count_row(row_ptr, length, th, BLOCK)
             if first:
                 tried_th = th
@@ -429,8 +478,9 @@ def _finish_kernel(
         clo_c = clo
         lo_c = lo
         while hi > lo_c + 1:
-            th = _place(lo_c, clo_c.to(tl.float32), hi, chi.to(tl.float32), kk.to(tl.float32))
-            c = tl.sum(((ckey[:, None] >= th[None, :]) & live[:, None]).to(tl.int64), axis=0)
+            th = _refine(lo_c, clo_c.to(tl.float32), hi, chi.to(tl.float32), kk.to(tl.float32))
+            c = tl.sum(((ckey[:, None] >= th[None, :]) & live[:, None]).to(tl.int32), axis=0)
+            c = c.to(tl.int64)
             lo_c, clo_c, hi, chi = _narrow(lo_c, clo_c, hi, chi, th, c, kk64)
         t_key = lo_c.to(tl.int32)
         krem = kk - chi.to(tl.int32)
