@@ -163,14 +163,18 @@ def topk_from_list(scores, k, cands: CandidateList, *, lengths=None, out_values=
     comp = torch.where(real, comp, torch.full_like(comp, -(2**63)))
     kk = min(k, c)
     ranked = torch.sort(comp, dim=1, descending=True)
-    top, lv_pos = ranked.values[:, :kk], ranked.indices[:, :kk]
+    top = ranked.values[:, :kk]
     lv_idx = (((top >> 32) + 1) << 32) - 1 - top  # garbage only in rows that are not admitted
     order = torch.argsort(torch.where(top > -(2**63), lv_idx, 2**40), dim=1)  # index order
-    lv_idx, lv_pos = torch.gather(lv_idx, 1, order), torch.gather(lv_pos, 1, order)
-    lv_val = torch.gather(cands.values, 1, lv_pos).to(scores.dtype)
+    lv_idx = torch.gather(lv_idx, 1, order)
+    # the k values of an admitted row, as the scores' own bits (a gather of k, not a rescan)
+    bits = torch.int32 if scores.dtype == torch.float32 else torch.int16
+    safe = torch.where(ok[:, None], lv_idx, torch.zeros_like(lv_idx)).clamp(0, max(n - 1, 0))
+    lv_raw = torch.gather(scores.view(bits), 1, safe) if n else safe.to(bits)
     ev, ei = topk(scores, k, lengths=lengths, out_values=out_values, out_indices=out_indices,
                   backend=backend)  # fmt: skip
     if kk:
-        ev[:, :kk] = torch.where(ok[:, None], lv_val, ev[:, :kk])
+        raw = ev.view(bits)
+        raw[:, :kk] = torch.where(ok[:, None], lv_raw, raw[:, :kk])
         ei[:, :kk] = torch.where(ok[:, None], lv_idx.int(), ei[:, :kk])
     return ev, ei

@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashrt_kernels.triton_helpers import to_f32
+
 G: tl.constexpr = tl.constexpr(8)  # thresholds counted per round
 KEY_MIN: tl.constexpr = tl.constexpr(-(2**31))  # below every key: count(>= KEY_MIN) = length
 KEY_END: tl.constexpr = tl.constexpr(2**31)  # above every key: count 0 (int64 only)
@@ -51,7 +53,7 @@ def _key_value(key):
 
 @triton.jit
 def _load_keys(row_ptr, idx, m):
-    return _order_key(tl.load(row_ptr + idx, mask=m, other=0.0).to(tl.float32))
+    return _order_key(to_f32(tl.load(row_ptr + idx, mask=m, other=0.0)))
 
 
 @triton.jit

@@ -62,13 +62,16 @@ def topk(
     idx = torch.sort(idx, dim=1).values
     live = idx < 2**40
     safe = torch.where(live, idx, torch.zeros_like(idx))
-    vals = torch.gather(scores, 1, safe) if n else scores.new_empty((b, 0))
-    vals = torch.where(live, vals, torch.full_like(vals, PAD_VALUE))
+    # values move as raw bits (torch's CPU gather of bfloat16 rewrites NaN payloads)
+    bits = torch.int32 if scores.dtype == torch.float32 else torch.int16
+    pad = torch.tensor(PAD_VALUE, dtype=scores.dtype).view(bits).item()
+    raw = torch.gather(scores.view(bits), 1, safe) if n else scores.view(bits).new_empty((b, 0))
+    raw = torch.where(live, raw, torch.full_like(raw, pad))
     idx = torch.where(live, idx, torch.full_like(idx, PAD_INDEX)).to(torch.int32)
     if kk < k:
-        vals = torch.cat([vals, vals.new_full((b, k - kk), PAD_VALUE)], 1)
+        raw = torch.cat([raw, raw.new_full((b, k - kk), pad)], 1)
         idx = torch.cat([idx, idx.new_full((b, k - kk), PAD_INDEX)], 1)
-    return vals, idx
+    return raw.view(scores.dtype), idx
 
 
 def sort_by_rank(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,4 +79,6 @@ def sort_by_rank(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Ten
     comp = (order_key(values).long() << 32) | (0xFFFFFFFF - indices.long().clamp(min=0))
     comp = torch.where(indices >= 0, comp, torch.full_like(comp, -(2**63)))
     order = torch.sort(comp, dim=1, descending=True).indices
-    return torch.gather(values, 1, order), torch.gather(indices, 1, order)
+    bits = torch.int32 if values.dtype == torch.float32 else torch.int16
+    raw = torch.gather(values.view(bits), 1, order)  # raw bits: NaN payloads survive
+    return raw.view(values.dtype), torch.gather(indices, 1, order)
