@@ -154,7 +154,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flashrt_kernels.topk import kernels as kn
-P = {a: "*i32" for a in ["LEN", "HINT", "STATE", "TH", "TC", "PC", "NSEG", "PFX", "SEG", "OI",
+P = {a: "*i32" for a in ["LEN", "HINT", "STATE", "TH", "TC", "PC", "NSEG", "PFX", "SEG", "CK", "CI", "OI",
                          "OV", "SCB"]}
 P.update(SC="*fp32", BM="*fp32")
 def comp(fn, const):
@@ -173,7 +173,7 @@ for rnd in (0, 1):
 comp(kn._collect_kernel, dict(NR=2, SP=512, HAS_BMAX=True, BLOCK=1024, **common))
 for nr in (0, 2):
     comp(kn._finish_kernel, dict(NR=nr, HINTED=True, HAS_STATE=True, SP=512, LOG_SP=9,
-                                 CAP=8192, KP=4096, KO=4096, STATE_WORDS=24, NS=512, BLOCK=1024,
+                                 KP=4096, KO=4096, STATE_WORDS=24, NS=512, BLOCK=1024,
                                  **common))
 print("compiled")
 """

@@ -373,11 +373,11 @@ def _count_row(row_ptr, length, th, BLOCK: tl.constexpr):
 
 @triton.jit
 def _finish_kernel(
-    SC, stride_s, LEN, HINT, TH, TC, PC, NSEG, PFX, SEG, STATE, OV, OI, SCB,
+    SC, stride_s, LEN, HINT, TH, TC, PC, NSEG, PFX, SEG, CK, CI, STATE, OV, OI, SCB,
     n, k, n_split, cap, segcap,
     NR: tl.constexpr, HAS_LEN: tl.constexpr, HINTED: tl.constexpr, HAS_STATE: tl.constexpr,
     RMAX: tl.constexpr, FIRST_PC: tl.constexpr, SP: tl.constexpr, LOG_SP: tl.constexpr,
-    CAP: tl.constexpr, KP: tl.constexpr, KO: tl.constexpr, STATE_WORDS: tl.constexpr,
+    KP: tl.constexpr, KO: tl.constexpr, STATE_WORDS: tl.constexpr,
     NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
@@ -457,41 +457,61 @@ def _finish_kernel(
             tl.debug_barrier()
     t_key = lo.to(tl.int32)
     if (mode_b | (~(mode_a | loop_a))) & (kk > 0):
-        # rank the compacted candidates: gather them in index order, find T in registers
+        # rank the compacted candidates: gather them in index order into CK / CI (a binary
+        # search over the segments' prefix), narrow the bracket over them until T is exact,
+        # then keep those > T and the first ties at T -- block by block, so registers stay small
         sp = tl.arange(0, SP)
         ns = tl.load(NSEG + b * n_split + sp, mask=sp < n_split, other=0)
         pfx = tl.cumsum(ns, axis=0) - ns
         tl.store(PFX + b * SP + sp, pfx, mask=sp < n_split)
         n_cand = tl.sum(ns, axis=0)
         tl.debug_barrier()
-        j = tl.arange(0, CAP)
-        live = j < n_cand
-        at = j * 0
-        for i in tl.static_range(LOG_SP):
-            step = 1 << (LOG_SP - 1 - i)
-            probe = at + step
-            okp = live & (probe < n_split)
-            v = tl.load(PFX + b * SP + probe, mask=okp, other=2**31 - 1)
-            at = tl.where(okp & (v <= j), probe, at)
-        first_slot = tl.load(PFX + b * SP + at, mask=live, other=0)
+        lanes = tl.arange(0, BLOCK)
         base = SEG + (b * n_split).to(tl.int64) * segcap
-        cidx = tl.load(base + at.to(tl.int64) * segcap + (j - first_slot), mask=live, other=0)
-        ckey = _load_keys(row_ptr, cidx, live)
+        cbase = b.to(tl.int64) * cap
+        for off in range(0, n_cand, BLOCK):
+            j = off + lanes
+            live = j < n_cand
+            at = j * 0
+            for i in tl.static_range(LOG_SP):
+                probe = at + (1 << (LOG_SP - 1 - i))
+                okp = live & (probe < n_split)
+                v = tl.load(PFX + b * SP + probe, mask=okp, other=2**31 - 1)
+                at = tl.where(okp & (v <= j), probe, at)
+            first_slot = tl.load(PFX + b * SP + at, mask=live, other=0)
+            cidx = tl.load(base + at.to(tl.int64) * segcap + (j - first_slot), mask=live, other=0)
+            tl.store(CK + cbase + j, _load_keys(row_ptr, cidx, live), mask=live)
+            tl.store(CI + cbase + j, cidx, mask=live)
+        tl.debug_barrier()
         clo_c = clo
         lo_c = lo
         while hi > lo_c + 1:
             th = _refine(lo_c, clo_c.to(tl.float32), hi, chi.to(tl.float32), kk.to(tl.float32))
-            c = tl.sum(((ckey[:, None] >= th[None, :]) & live[:, None]).to(tl.int32), axis=0)
-            c = c.to(tl.int64)
+            acc = tl.zeros([BLOCK, G], dtype=tl.int32)
+            for off in range(0, n_cand, BLOCK):
+                j = off + lanes
+                live = j < n_cand
+                ck = tl.load(CK + cbase + j, mask=live, other=0)
+                acc += ((ck[:, None] >= th[None, :]) & live[:, None]).to(tl.int32)
+            c = tl.sum(acc, axis=0).to(tl.int64)
             lo_c, clo_c, hi, chi = _narrow(lo_c, clo_c, hi, chi, th, c, kk64)
         t_key = lo_c.to(tl.int32)
         krem = kk - chi.to(tl.int32)
-        eqm = live & (ckey == t_key)
-        rank = tl.cumsum(eqm.to(tl.int32), axis=0) - 1
-        sel = (live & (ckey > t_key)) | (eqm & (rank < krem))
-        pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        tl.store(OV + b * k + pos, tl.load(bits_ptr + cidx, mask=sel), mask=sel)
-        tl.store(OI + b * k + pos, cidx, mask=sel)
+        run = kk * 0
+        tie_run = kk * 0
+        for off in range(0, n_cand, BLOCK):
+            j = off + lanes
+            live = j < n_cand
+            ck = tl.load(CK + cbase + j, mask=live, other=0)
+            ci = tl.load(CI + cbase + j, mask=live, other=0)
+            eqm = live & (ck == t_key)
+            rank = tie_run + tl.cumsum(eqm.to(tl.int32), axis=0) - 1
+            sel = (live & (ck > t_key)) | (eqm & (rank < krem))
+            pos = run + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            tl.store(OV + b * k + pos, tl.load(bits_ptr + ci, mask=sel), mask=sel)
+            tl.store(OI + b * k + pos, ci, mask=sel)
+            run += tl.sum(sel.to(tl.int32), axis=0)
+            tie_run += tl.sum(eqm.to(tl.int32), axis=0)
     # pads past kk
     slots = tl.arange(0, KO)
     pad = (

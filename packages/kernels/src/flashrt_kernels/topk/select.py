@@ -42,9 +42,10 @@ def plan(b: int, n: int, device: torch.device, split: int | None = None):
     if triton_interpreter_active() or device.type != "cuda":
         block, warps, min_chunk, target = 128, 4, 128, 8
     else:
-        block, warps, min_chunk, target = 1024, 4, 16384, 2 * _sm_count(device.index or 0)
-    if split is None:
-        split = max(1, min(math.ceil(target / max(b, 1)), math.ceil(n / min_chunk)))
+        block, warps, min_chunk, target = 1024, 4, 4096, 2 * _sm_count(device.index or 0)
+    if split is None:  # one program per row up to 2 min_chunk; else enough to fill the GPU
+        split = 1 if n <= 2 * min_chunk else min(math.ceil(target / max(b, 1)), n // min_chunk)
+        split = max(1, split)
     chunk = max(block, triton.cdiv(triton.cdiv(max(n, 1), split), block) * block)
     split = max(1, triton.cdiv(max(n, 1), chunk))
     return split, chunk, block, warps
@@ -64,6 +65,8 @@ def workspace(device, b: int, split: int, chunk: int, cap: int) -> dict[str, tor
             "nseg": torch.zeros((b, split), **i32),
             "pfx": torch.zeros((b, sp), **i32),
             "seg": torch.zeros((b, split * segcap), **i32),
+            "ck": torch.zeros((b, cap), **i32),  # a row's candidates in index order: keys
+            "ci": torch.zeros((b, cap), **i32),  # ... and indices
             "no_state": torch.zeros((b, st.STATE_WORDS), **i32),  # read as "no valid state"
             "no_hint": torch.zeros((b, 1), **i32),
         }
@@ -115,11 +118,11 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
         )  # fmt: skip
     kn._finish_kernel[(b,)](
         scores, scores.stride(0), ln, hn, ws["th"], ws["tc"], ws["pc"], ws["nseg"], ws["pfx"],
-        ws["seg"], stt, out_values.view(bits), out_indices, scores.view(bits),
+        ws["seg"], ws["ck"], ws["ci"], stt, out_values.view(bits), out_indices, scores.view(bits),
         n, k, s_split, cap, segcap,
         NR=rounds, HINTED=hinted, HAS_STATE=has_state, SP=sp, LOG_SP=sp.bit_length() - 1,
-        CAP=cap, KP=kp if hinted else 1, KO=kp, STATE_WORDS=st.STATE_WORDS, NS=ns, BLOCK=block,
-        num_warps=8, **common,
+        KP=kp if hinted else 1, KO=kp, STATE_WORDS=st.STATE_WORDS, NS=ns, BLOCK=block,
+        num_warps=warps, **common,
     )  # fmt: skip
 
 
