@@ -2,8 +2,8 @@
 
 Guess: round 0 counts the smallest current score at the hinted positions (entries outside
 ``[0, length)`` ignored) and that key + 1, the published K-th key of the previous step and that
-key + 1, the published accepted key (when ``state`` says valid), and three thresholds from a
-strided sample. Verify: those eight counts are exact (one pass). Refine: the counts bracket the
+key + 1, the published accepted key (when ``state`` says valid), and the hinted key less about
+0.2%, 1.6% and 12% in value (no sample is drawn: the hint is the guess). Verify: those eight counts are exact (one pass). Refine: the counts bracket the
 K-th key; round 1 places eight more thresholds inside the bracket by log-count interpolation
 (with the bracket ends + 1 / - 1 and the key midpoint: bisection bounds the worst case); a row the
 rounds leave unresolved keeps refining in its finishing program, so exactness never depends on the
