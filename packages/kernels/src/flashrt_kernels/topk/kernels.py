@@ -300,6 +300,20 @@ def _block_live(BM, b, stride_bm, off, end, thr, HAS_BMAX: tl.constexpr, BLOCK: 
 
 
 @triton.jit
+def _emit_block(key, idx, m, t, krem, run, tie_run, OV, OI, bits_ptr, b, k):
+    """Writes the lanes ``m`` of one block that are selected -- key > T, or key == T among the
+    first ``krem`` ties of the row -- at output positions ``run`` + their rank in the block (index
+    order); returns the advanced (run, tie_run)."""
+    eqm = m & (key == t)
+    rank = tie_run + tl.cumsum(eqm.to(tl.int32), axis=0) - 1
+    sel = (m & (key > t)) | (eqm & (rank < krem))
+    pos = run + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    tl.store(OV + b * k + pos, tl.load(bits_ptr + idx, mask=sel), mask=sel)
+    tl.store(OI + b * k + pos, idx, mask=sel)
+    return run + tl.sum(sel.to(tl.int32), axis=0), tie_run + tl.sum(eqm.to(tl.int32), axis=0)
+
+
+@triton.jit
 def _collect_kernel(
     SC, stride_s, LEN, TH, TC, PC, NSEG, SEG, OV, OI, SCB, BM, stride_bm,
     n, k, chunk, n_split, cap, segcap,
@@ -338,15 +352,8 @@ def _collect_kernel(
             idx = off + lanes
             m = _block_live(BM, b, stride_bm, off, end, t, HAS_BMAX, BLOCK)
             key = _load_keys(row_ptr, idx, m)
-            gt = m & (key > t)
-            eqm = m & (key == t)
-            rank = tie_run + tl.cumsum(eqm.to(tl.int32), axis=0) - 1
-            sel = gt | (eqm & (rank < krem))
-            pos = out_run + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            tl.store(OV + b * k + pos, tl.load(bits_ptr + idx, mask=sel), mask=sel)
-            tl.store(OI + b * k + pos, idx, mask=sel)
-            out_run += tl.sum(sel.to(tl.int32), axis=0)
-            tie_run += tl.sum(eqm.to(tl.int32), axis=0)
+            out_run, tie_run = _emit_block(key, idx, m, t, krem, out_run, tie_run, OV, OI,
+                                           bits_ptr, b, k)  # fmt: skip
     if mode_b:
         seg = SEG + (b * n_split + s).to(tl.int64) * segcap
         thr = lo.to(tl.int32)
@@ -437,14 +444,8 @@ def _finish_kernel(
                 idx = off + lanes
                 m = idx < length
                 key = _load_keys(row_ptr, idx, m)
-                eqm = m & (key == t)
-                rank = tie_run + tl.cumsum(eqm.to(tl.int32), axis=0) - 1
-                sel = (m & (key > t)) | (eqm & (rank < krem))
-                pos = run + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-                tl.store(OV + b * k + pos, tl.load(bits_ptr + idx, mask=sel), mask=sel)
-                tl.store(OI + b * k + pos, idx, mask=sel)
-                run += tl.sum(sel.to(tl.int32), axis=0)
-                tie_run += tl.sum(eqm.to(tl.int32), axis=0)
+                run, tie_run = _emit_block(key, idx, m, t, krem, run, tie_run, OV, OI, bits_ptr,
+                                           b, k)  # fmt: skip
         else:  # compact the scores >= lo into this row's first segment(s), then rank below
             seg = SEG + (b * n_split).to(tl.int64) * segcap
             thr = lo.to(tl.int32)
@@ -507,14 +508,8 @@ def _finish_kernel(
             live = j < n_cand
             ck = tl.load(CK + cbase + j, mask=live, other=0)
             ci = tl.load(CI + cbase + j, mask=live, other=0)
-            eqm = live & (ck == t_key)
-            rank = tie_run + tl.cumsum(eqm.to(tl.int32), axis=0) - 1
-            sel = (live & (ck > t_key)) | (eqm & (rank < krem))
-            pos = run + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            tl.store(OV + b * k + pos, tl.load(bits_ptr + ci, mask=sel), mask=sel)
-            tl.store(OI + b * k + pos, ci, mask=sel)
-            run += tl.sum(sel.to(tl.int32), axis=0)
-            tie_run += tl.sum(eqm.to(tl.int32), axis=0)
+            run, tie_run = _emit_block(ck, ci, live, t_key, krem, run, tie_run, OV, OI, bits_ptr,
+                                       b, k)  # fmt: skip
     # pads past kk
     slots = tl.arange(0, KO)
     pad = (
