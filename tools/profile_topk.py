@@ -71,7 +71,7 @@ def main() -> int:
             "torch.topk": functools.partial(torch.topk, x, k, sorted=False),
         }
         for sp in args.splits:
-            paths[f"hint-free S={sp}"] = functools.partial(select.select, x, k, None, ov, oi, None,
+            paths[f"hint-free S={sp}"] = functools.partial(select.launch, x, k, None, ov, oi, None, None,
                                                            sp)  # fmt: skip
         for name, fn in paths.items():
             graph_us = time_graph_us([fn], rep_ms=20)

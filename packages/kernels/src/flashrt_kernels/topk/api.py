@@ -56,12 +56,9 @@ def topk_into(scores, k, lengths, out_values, out_indices, hint, state, backend)
 
             publish_reference_state(scores, k, lengths, v, i, state)
         return
-    from flashrt_kernels.topk import gvr, select
+    from flashrt_kernels.topk import select
 
-    if hint is None:
-        select.select(scores, k, lengths, out_values, out_indices, state)
-    else:
-        gvr.select(scores, k, lengths, hint, out_values, out_indices, state)
+    select.launch(scores, k, lengths, out_values, out_indices, state, hint)
 
 
 def topk(

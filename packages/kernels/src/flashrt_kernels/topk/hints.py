@@ -85,13 +85,13 @@ def _check_common(op, scores, k, lengths, out_values, out_indices, state, block_
 def topk_hinted(scores, k, hint, *, block_maxima=None, lengths=None, out_values=None,
                 out_indices=None, state=None):  # fmt: skip
     """``topk`` with the previous indices and (optionally) block maxima; exact (Triton)."""
-    from flashrt_kernels.topk import gvr
+    from flashrt_kernels.topk import select
 
     _check_common("topk_hinted", scores, k, lengths, out_values, out_indices, state, block_maxima)
     check_tensor("topk_hinted", "hint", hint, dtypes=(torch.int32,), shape=[scores.shape[0], k],
                  device=scores.device, contiguous=True)  # fmt: skip
     out_values, out_indices = _outs(scores, k, out_values, out_indices)
-    gvr.select(scores, k, lengths, hint, out_values, out_indices, state,
+    select.launch(scores, k, lengths, out_values, out_indices, state, hint,
                block_maxima=block_maxima)  # fmt: skip
     return out_values, out_indices
 
@@ -102,7 +102,7 @@ def topk_seeded(scores, k, seeds: SeedLines, *, block_maxima=None, lengths=None,
     take the place of the first counting round, so a row with a line whose count is in
     ``[k, capacity]`` is collected at once; the others refine from the lines' bracket (exact
     either way). Triton only."""
-    from flashrt_kernels.topk import gvr, reference
+    from flashrt_kernels.topk import reference, select
 
     op = "topk_seeded"
     _check_common(op, scores, k, lengths, out_values, out_indices, state, block_maxima)
@@ -123,7 +123,7 @@ def topk_seeded(scores, k, seeds: SeedLines, *, block_maxima=None, lengths=None,
         keys[:, :n_lines] = reference.order_key(seeds.lines[:, :n_lines])
         counts[:, :n_lines] = seeds.counts[:, :n_lines]
     out_values, out_indices = _outs(scores, k, out_values, out_indices)
-    gvr.select(scores, k, lengths, None, out_values, out_indices, state,
+    select.launch(scores, k, lengths, out_values, out_indices, state, None,
                seeds=(keys, counts), block_maxima=block_maxima)  # fmt: skip
     return out_values, out_indices
 

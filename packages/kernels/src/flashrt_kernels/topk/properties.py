@@ -21,7 +21,7 @@ from flashrt_kernels.testing import (
     value_kinds,
 )
 from flashrt_kernels.testing.chains import ScoreChain
-from flashrt_kernels.topk import gvr, reference, select
+from flashrt_kernels.topk import reference, select
 from flashrt_kernels.topk import state as st_
 from flashrt_kernels.topk.api import topk
 
@@ -108,10 +108,8 @@ def _run(x, k, lens, case, hint=None, state=None):
     if case["split"] is None:
         topk(x, k, lengths=lens, out_values=ov, out_indices=oi, hint=hint, state=state,
              backend="triton")  # fmt: skip
-    elif hint is None:
-        select.select(x, k, lens, ov, oi, state, case["split"])
     else:
-        gvr.select(x, k, lens, hint, ov, oi, state, case["split"])
+        select.launch(x, k, lens, ov, oi, state, hint, case["split"])
     return ov, oi
 
 
