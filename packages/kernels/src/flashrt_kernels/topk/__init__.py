@@ -1,4 +1,4 @@
-"""Exact batched top-K: deterministic order (see ``reference``), hint-free radix select, guess /
+"""Exact batched top-K: deterministic order (see ``reference``), hint-free threshold-counting select, guess /
 verify / refine with the previous step's indices, and consumers of producer hints (``hints``)."""
 
 from flashrt_kernels.topk import hints, reference, state
