@@ -1,0 +1,163 @@
+"""Host side of the CUDA select (``select.cu``, backend ``"cuda"``, compiled by CuPy's NVRTC).
+
+One call is, by the rows' length ``N``:
+- ``N <= SHORT_MAX``: the finishing kernel alone (one block per row, the row in shared memory);
+- longer rows, hint-free: three ``step_kernel`` launches of ``S`` blocks per row (digit pass 0;
+  then a digit pass or the compaction of the candidates, as the row's state says) and the
+  finishing kernel;
+- longer rows with a hint: ``guess_kernel`` (count eight thresholds, compact the scores >= the
+  hinted minimum) and the finishing kernel, which searches a row alone when the guess missed.
+
+Every launch has a fixed grid and no host sync, so a call is CUDA-graph safe once its workspace
+exists (per device, B, S, chunk: the control words, histograms and counts are left zeroed for
+the next call by the launches themselves). Calls sharing a workspace must be ordered on one
+stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from importlib import resources
+
+import numpy as np
+import torch
+
+from flashrt_kernels.topk import state as st
+
+SHORT_MAX = 32768  # rows up to this many elements are searched in one block's shared memory
+CAP = 16384  # candidates the finishing block ranks in shared memory
+TILE = 512 * 8  # elements a step block covers per iteration (chunks are multiples of it)
+HIST_BINS = 4096
+CTRL_WORDS = 32
+STEPS = 3  # step launches of the hint-free multi-block path
+MAX_K = 4096
+FINISH_THREADS = 1024
+
+
+def _finish_smem(short_max: int, multi: bool) -> int:
+    """Bytes of shared memory the finishing block needs: the histogram, scratch, and the keys of
+    a short row or the candidates' (key, index) pairs, rounded up to whole rows of threads (a
+    thread's run is ceil(count / threads) long)."""
+    words = max(short_max, 2 * CAP if multi else 0)
+    words = -(-words // FINISH_THREADS) * FINISH_THREADS
+    return 4 * (HIST_BINS + 64 + words)
+
+
+MAX_SMEM = _finish_smem(SHORT_MAX, True)  # the finishing block's largest need
+_DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_WORKSPACES: dict[tuple, dict[str, torch.Tensor]] = {}
+
+
+@functools.cache
+def _module():
+    import cupy
+
+    src = resources.files("flashrt_kernels.topk").joinpath("select.cu").read_text()
+    names = [f"{f}<{d}>" for f in ("step_kernel", "guess_kernel", "finish_kernel") for d in (0, 1, 2)]
+    mod = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
+    return mod
+
+
+@functools.cache
+def _kernel(name: str, dt: int):
+    import cupy
+
+    kern = _module().get_function(f"{name}<{dt}>")
+    if name == "finish_kernel":  # opt in to the largest shared-memory size a call asks for
+        fn = kern.function if hasattr(type(kern), "function") else kern.kernel
+        drv = cupy.cuda.driver
+        drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             MAX_SMEM)  # fmt: skip
+    return kern
+
+
+@functools.cache
+def _stream(device_index: int, handle: int):
+    import warnings
+
+    import cupy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, device_index)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def plan(b: int, n: int, device: torch.device, split: int | None = None) -> tuple[int, int, int]:
+    """(S, chunk, short_max): blocks per row of the multi-block path, elements per block, and
+    the longest row the finishing block searches alone in shared memory. S = 0: every row fits
+    (one launch). An explicit ``split`` sends every row through the multi-block path."""
+    if split is None and n <= SHORT_MAX:
+        return 0, 0, n
+    short_max = SHORT_MAX if split is None else 0
+    if split is None:
+        split = math.ceil(2 * _sm_count(device.index or 0) / max(b, 1))
+    split = max(1, min(split, math.ceil(max(n, 1) / TILE), 1024))
+    chunk = math.ceil(math.ceil(max(n, 1) / split) / TILE) * TILE
+    return math.ceil(max(n, 1) / chunk), chunk, short_max
+
+
+def _workspace(device, b: int, s: int, chunk: int) -> dict[str, torch.Tensor]:
+    key = (str(device), b, s, chunk)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        i32 = {"dtype": torch.int32, "device": device}
+        segcap = max(1, min(chunk, CAP))
+        ws = {
+            "ctrl": torch.zeros((b, CTRL_WORDS), **i32),
+            "hist": torch.zeros((b, HIST_BINS), **i32),
+            "tc": torch.zeros((b, 8), **i32),
+            "seg": torch.zeros((b * max(s, 1) * segcap * 2,), **i32),
+            "segcnt": torch.zeros((b * max(s, 1),), **i32),
+        }
+        _WORKSPACES[key] = ws
+    return ws
+
+
+def _ptr(t: torch.Tensor | None) -> np.uint64:
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None) -> None:
+    """All launches of one call (inputs validated by ``api``)."""
+    import cupy
+
+    b, n = scores.shape
+    dev = scores.device
+    dt = _DT[scores.dtype]
+    s, chunk, short_max = plan(b, n, dev, split)
+    ws = _workspace(dev, b, s, chunk)
+    segcap = max(1, min(chunk, CAP))
+    smem = _finish_smem(short_max, bool(s))
+    i32, i64 = np.int32, np.int64
+    sc, stride, ln = _ptr(scores), i64(scores.stride(0)), _ptr(lengths)
+    ctrl, seg, segcnt = _ptr(ws["ctrl"]), _ptr(ws["seg"]), _ptr(ws["segcnt"])
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    stream = _stream(index, torch.cuda.current_stream(dev).cuda_stream)
+    with cupy.cuda.Device(index), stream:
+        if s and hint is not None:
+            _kernel("guess_kernel", dt)(
+                (s, b), (512,),
+                (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(CAP), i32(segcap),
+                 i32(short_max), _ptr(hint), _ptr(state), i32(st.STATE_WORDS), ctrl,
+                 _ptr(ws["tc"]), seg, segcnt),
+            )  # fmt: skip
+        elif s:
+            for step in range(STEPS):
+                _kernel("step_kernel", dt)(
+                    (s, b), (512,),
+                    (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(step), i32(CAP),
+                     i32(segcap), i32(short_max), ctrl, _ptr(ws["hist"]), seg, segcnt),
+                )  # fmt: skip
+        _kernel("finish_kernel", dt)(
+            (b,), (FINISH_THREADS,),
+            (sc, stride, ln, i32(n), i32(k), i32(max(s, 1)), i32(segcap), i32(short_max),
+             i32(1 if s else 0), ctrl, seg, segcnt, _ptr(out_indices), _ptr(out_values),
+             _ptr(state), i32(st.STATE_WORDS)),
+            shared_mem=smem,
+        )  # fmt: skip
