@@ -91,7 +91,7 @@ def test_custom_op_and_fake():
         ({"out_indices": torch.empty(4, 2, dtype=torch.int32)}, ValueError, "out_indices"),
         ({"state": torch.zeros(4, 3, dtype=torch.int32)}, ValueError, "state must have shape"),
         ({"backend": "fast"}, ValueError, "backend must be one of"),
-        ({"backend": "cuda"}, ValueError, "not implemented"),
+        ({"backend": "cute"}, ValueError, "not implemented"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(kwargs, error, match):
@@ -194,3 +194,46 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     proc = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_cuda_select_compiles_for_sm90_without_a_gpu(tmp_path):
+    """nvcc (where installed) builds every instantiation of ``select.cu`` for sm_90 without
+    register spills; the CUDA backend itself runs in the GPU tests."""
+    import shutil
+    import subprocess
+    from importlib import resources
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on this machine")
+    src = resources.files("flashrt_kernels.topk").joinpath("select.cu").read_text()
+    sig = {
+        "step_kernel": "const void*, long long, const int*, int, int, int, int, int, int, int, "
+        "int, int*, int*, int2*, int*",
+        "guess_kernel": "const void*, long long, const int*, int, int, int, int, int, int, int, "
+        "const int*, const int*, int, int*, int*, int2*, int*",
+        "finish_kernel": "const void*, long long, const int*, int, int, int, int, int, int, "
+        "const int*, const int2*, const int*, int*, void*, int*, int",
+    }
+    inst = "".join(
+        f"template __global__ void {name}<{dt}>({args});\n"
+        for name, args in sig.items()
+        for dt in (0, 1, 2)
+    )
+    (tmp_path / "select.cu").write_text(src + "\n" + inst)
+    proc = subprocess.run(
+        [nvcc, "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-c", "select.cu", "-o", "select.o"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("Compiling entry function") == 9, proc.stderr[-3000:]
+    assert " 0 bytes spill stores" in proc.stderr and "bytes spill stores" in proc.stderr
+    spills = [ln for ln in proc.stderr.splitlines() if "spill stores" in ln]
+    assert all(ln.strip().startswith("0 bytes stack frame, 0 bytes spill") for ln in spills), spills
+
+
+def test_cuda_backend_needs_a_cuda_device():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ValueError, match="cannot run on device"):
+        topk(torch.randn(2, 8), 3, backend="cuda")

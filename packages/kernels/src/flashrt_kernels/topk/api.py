@@ -17,8 +17,8 @@ from flashrt_kernels.topk.state import STATE_WORDS
 
 OP = "topk"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_K = 4096  # the Triton backend selects up to this many per row
-IMPLEMENTED = ("triton", "reference")
+MAX_K = 4096  # the Triton and CUDA backends select up to this many per row
+IMPLEMENTED = ("cuda", "triton", "reference")
 
 
 def _validate(scores, k, lengths, out_values, out_indices, hint, state):
@@ -43,9 +43,9 @@ def _validate(scores, k, lengths, out_values, out_indices, hint, state):
 def topk_into(scores, k, lengths, out_values, out_indices, hint, state, backend) -> None:
     """Writes ``out_values`` / ``out_indices`` (and ``state``); inputs validated. No host sync."""
     which = resolve_backend(OP, backend, scores.device, IMPLEMENTED)
-    if which == "triton" and k > MAX_K:
-        if backend == "triton":
-            raise ValueError(f"{OP}: backend 'triton' supports k <= {MAX_K}, got {k}")
+    if which in ("triton", "cuda") and k > MAX_K:
+        if backend == which:
+            raise ValueError(f"{OP}: backend {which!r} supports k <= {MAX_K}, got {k}")
         which = "reference"
     if which == "reference" or scores.shape[0] == 0:
         v, i = reference.topk(scores, k, lengths)
@@ -55,6 +55,11 @@ def topk_into(scores, k, lengths, out_values, out_indices, hint, state, backend)
             from flashrt_kernels.topk.select import publish_reference_state
 
             publish_reference_state(scores, k, lengths, v, i, state)
+        return
+    if which == "cuda":
+        from flashrt_kernels.topk import cuda_select
+
+        cuda_select.launch(scores, k, lengths, out_values, out_indices, state, hint)
         return
     from flashrt_kernels.topk import select
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from flashrt_kernels.backends import backend_runs_on
 from flashrt_kernels.registry import Property, register_property
 from flashrt_kernels.testing import (
     assert_exact,
@@ -32,6 +33,13 @@ REAL_N = (8192, 32768, 131072, 262144, 1 << 20)
 MAX_ELEMS = 16 * 2**20
 
 
+def _backends(scale: str) -> tuple[str, ...]:
+    """The kernel backends a scale checks: Triton everywhere, CUDA where it runs (real scale)."""
+    if scale == "small":
+        return ("triton",)
+    return tuple(b for b in ("cuda", "triton") if backend_runs_on(b, test_device()))
+
+
 def _cases(scale: str, hinted: bool = False, max_cols: int = 600):
     if scale == "small":
         d = {
@@ -52,6 +60,7 @@ def _cases(scale: str, hinted: bool = False, max_cols: int = 600):
         kind=value_kinds(*KINDS),
         lengths=st.sampled_from(("none", "full", "random")),
         seed=seeds(),
+        backend=st.sampled_from(_backends(scale)),
     )
     if hinted:
         d.update(hint=st.sampled_from(HINTS), state=st.sampled_from(STATES),
@@ -60,7 +69,8 @@ def _cases(scale: str, hinted: bool = False, max_cols: int = 600):
 
 
 def _examples(scale: str, hinted: bool = False):
-    base = {"dtype": torch.float32, "kind": "normal", "lengths": "none", "seed": 0}
+    base = {"dtype": torch.float32, "kind": "normal", "lengths": "none", "seed": 0,
+            "backend": "triton"}  # fmt: skip
     extra = {"hint": "previous", "state": "published", "drift": 0.01} if hinted else {}
     if scale == "small":
         shapes = [(1, 1, 1, None), (2, 64, 64, 2), (3, 129, 200, 3), (1, 600, 33, 5)]
@@ -71,7 +81,8 @@ def _examples(scale: str, hinted: bool = False):
     shapes = [(1, 1 << 20, 512, None), (8, 131072, 2048, None), (64, 8192, 1024, None)]
     out = [{**base, **extra, "rows": r, "cols": c, "k": k, "split": s} for r, c, k, s in shapes]
     out.append({**out[0], "kind": "zeros", "k": 2048})  # ties far beyond any capacity
-    return out
+    out.append({**out[1], "kind": "relu_plateau", "lengths": "random"})
+    return [{**case, "backend": b} for b in _backends(scale) for case in out]
 
 
 def _rows(case) -> int:
@@ -107,7 +118,11 @@ def _run(x, k, lens, case, hint=None, state=None):
     oi = poison(torch.empty((rows, k), dtype=torch.int32, device=x.device))
     if case["split"] is None:
         topk(x, k, lengths=lens, out_values=ov, out_indices=oi, hint=hint, state=state,
-             backend="triton")  # fmt: skip
+             backend=case["backend"])  # fmt: skip
+    elif case["backend"] == "cuda":
+        from flashrt_kernels.topk import cuda_select
+
+        cuda_select.launch(x, k, lens, ov, oi, state, hint, case["split"])
     else:
         select.launch(x, k, lens, ov, oi, state, hint, case["split"])
     return ov, oi
@@ -178,9 +193,9 @@ def _check_hinted(case) -> None:
     state = None if case["state"] == "none" else st_.new_state(rows, device)
     prev = _expect(x0, k, lens)[1]
     if case["state"] == "published":
-        topk(x0, k, lengths=lens, state=state, backend="triton")
+        topk(x0, k, lengths=lens, state=state, backend=case["backend"])
     elif case["state"] == "stale":
-        topk(x0.flip(0), k, state=state, backend="triton")
+        topk(x0.flip(0), k, state=state, backend=case["backend"])
     elif case["state"] == "garbage":
         g = torch.Generator().manual_seed(case["seed"])
         state.copy_(torch.randint(-(2**31), 2**31 - 1, state.shape, generator=g).int())
