@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel GPU time of one top-K call (hint-free and hinted), from ``torch.profiler``.
 
-    python3 tools/profile_topk.py [--cells B,N,K ...] [--iters 20]
+    python3 tools/profile_topk.py [--cells B,N,K ...] [--backends cuda triton] [--iters 20]
 
 Prints, per cell, one table row per kernel (mean device microseconds per call) next to the CUDA
 graph time of the whole call, so a slow cell shows which launch to work on. Run it through
@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from flashrt_kernels.benchmarking import time_graph_us  # noqa: E402
 from flashrt_kernels.testing.chains import ScoreChain  # noqa: E402
-from flashrt_kernels.topk import select, topk  # noqa: E402
+from flashrt_kernels.topk import cuda_select, select, topk  # noqa: E402
 
 CELLS = ["1,8192,512", "1,131072,1024", "1,1048576,512", "8,262144,2048", "64,8192,512",
          "64,262144,2048"]  # fmt: skip
@@ -48,6 +48,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cells", nargs="*", default=CELLS)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--backends", nargs="*", default=["cuda", "triton"])
     ap.add_argument(
         "--splits",
         nargs="*",
@@ -65,18 +66,20 @@ def main() -> int:
         hint = topk(prev, k)[1]
         ov = torch.empty((b, k), device="cuda")
         oi = torch.empty((b, k), dtype=torch.int32, device="cuda")
-        paths = {
-            "hint-free": functools.partial(topk, x, k, out_values=ov, out_indices=oi),
-            "hinted": functools.partial(topk, x, k, hint=hint, out_values=ov, out_indices=oi),
-            "torch.topk": functools.partial(torch.topk, x, k, sorted=False),
-        }
-        for sp in args.splits:
-            paths[f"hint-free S={sp}"] = functools.partial(select.launch, x, k, None, ov, oi, None, None,
-                                                           sp)  # fmt: skip
+        paths = {"torch.topk": functools.partial(torch.topk, x, k, sorted=False)}
+        for be in args.backends:
+            paths[f"{be} hint-free"] = functools.partial(topk, x, k, out_values=ov, out_indices=oi,
+                                                         backend=be)  # fmt: skip
+            paths[f"{be} hinted"] = functools.partial(topk, x, k, hint=hint, out_values=ov,
+                                                      out_indices=oi, backend=be)  # fmt: skip
+            launch = cuda_select.launch if be == "cuda" else select.launch
+            for sp in args.splits:
+                paths[f"{be} hint-free S={sp}"] = functools.partial(launch, x, k, None, ov, oi, None,
+                                                                    None, sp)  # fmt: skip
         for name, fn in paths.items():
             graph_us = time_graph_us([fn], rep_ms=20)
             print(f"| {cell} | {name} | (CUDA graph, whole call) | {graph_us:.1f} |")
-            if name.startswith("hint-free S="):
+            if " S=" in name:
                 continue
             times = _kernel_times(fn, args.iters)
             for kname, us in sorted(times.items(), key=lambda kv: -kv[1]):

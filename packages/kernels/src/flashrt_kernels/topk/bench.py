@@ -3,7 +3,9 @@
 fp32 scores from a correlated chain (``testing.chains.ScoreChain``, drift 0.02): input set ``t``
 is step ``t`` of the chain and its hint is the exact top-k indices of step ``t - 1``. Every timing
 is a CUDA graph over the rotated sets (``benchmarking.time_graph_us``); ``torch.topk`` runs with
-``sorted=False`` (its fastest mode; ours is always sorted). The floor is one read of the scores.
+``sorted=False`` (its fastest mode). "ours" is the default backend (CUDA where CuPy is installed);
+``triton_us`` is the Triton backend's hint-free time in the same run. The floor is one read of the
+scores.
 The hinted call gets no ``state`` (it would be republished from the same step on every replay).
 """
 
@@ -71,7 +73,13 @@ def run(quick: bool = False) -> list[dict]:
                     for s in sets
                 ]
                 base = [lambda s=s, k=k: torch.topk(s[0], k, sorted=False) for s in sets]
+                tri = [
+                    lambda s=s, k=k: topk(s[0], k, out_values=s[2], out_indices=s[3],
+                                          backend="triton")  # fmt: skip
+                    for s in sets
+                ]
                 t_free, t_hint = time_graph_us(free, rep_ms=REP), time_graph_us(hinted, rep_ms=REP)
+                t_tri = time_graph_us(tri, rep_ms=REP)
                 t_torch = time_graph_us(base, rep_ms=REP)
                 fl = floor_us(nbytes)
                 adm, exact = _admitted_and_exact(sets, k)
@@ -83,6 +91,7 @@ def run(quick: bool = False) -> list[dict]:
                         "torch_us": t_torch,
                         "ours_us": t_free,
                         "x_torch": t_torch / t_free,
+                        "triton_us": t_tri,
                         "hint_us": t_hint,
                         "x_hintfree": t_free / t_hint,
                         "hint_x_torch": t_torch / t_hint,
