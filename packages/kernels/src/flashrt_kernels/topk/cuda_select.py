@@ -2,11 +2,11 @@
 
 One call is, by the rows' length ``N``:
 - ``N <= SHORT_MAX``: the finishing kernel alone (one block per row, the row in shared memory);
-- longer rows, hint-free: three ``step_kernel`` launches of ``S`` blocks per row (digit pass 0;
-  then a digit pass or the compaction of the candidates, as the row's state says) and the
-  finishing kernel;
-- longer rows with a hint: ``guess_kernel`` (count eight thresholds, compact the scores >= the
-  hinted minimum) and the finishing kernel, which searches a row alone when the guess missed.
+- longer rows: ``S`` blocks per row for each pass over the row --
+  ``bound_kernel`` (hint-free only: a lower bound on the K-th key from group maxima),
+  ``count_kernel`` (eight thresholds from the bound, or from the hint, counted exactly; the keys
+  >= the first compacted), three ``step_kernel`` launches (digit passes or a compaction, only
+  for rows the counting pass did not settle) -- and the finishing kernel (one block per row).
 
 Every launch has a fixed grid and no host sync, so a call is CUDA-graph safe once its workspace
 exists (per device, B, S, chunk: the control words, histograms and counts are left zeroed for
@@ -27,24 +27,31 @@ from flashrt_kernels.topk import state as st
 
 SHORT_MAX = 32768  # rows up to this many elements are searched in one block's shared memory
 CAP = 16384  # candidates the finishing block ranks in shared memory
-TILE = 512 * 8  # elements a step block covers per iteration (chunks are multiples of it)
+TILE = 512 * 8  # elements a pass block covers per iteration (chunks are multiples of it)
+BLOCKS_PER_SM = 4  # pass blocks per SM the split aims at (4 x 512 threads fill an SM)
 HIST_BINS = 4096
 CTRL_WORDS = 32
-STEPS = 3  # step launches of the hint-free multi-block path
+STEPS = 3  # step launches after the counting pass (digit passes 0..2 end in a known K-th key)
 MAX_K = 4096
 FINISH_THREADS = 1024
 
 
+BUF_WORDS = 8192  # the finishing block's buffer for a narrowed bucket (select.cu)
+
+
+def _keys_words(short_max: int, multi: bool) -> int:
+    """Shared words for the keys of a short row or the candidates' keys and indices."""
+    return max(short_max, 2 * CAP if multi else 0)
+
+
 def _finish_smem(short_max: int, multi: bool) -> int:
-    """Bytes of shared memory the finishing block needs: the histogram, scratch, and the keys of
-    a short row or the candidates' (key, index) pairs, rounded up to whole rows of threads (a
-    thread's run is ceil(count / threads) long)."""
-    words = max(short_max, 2 * CAP if multi else 0)
-    words = -(-words // FINISH_THREADS) * FINISH_THREADS
-    return 4 * (HIST_BINS + 64 + words)
+    """Bytes of shared memory the finishing block needs: the histogram, scratch, the keys, and
+    the buffer for a narrowed bucket."""
+    return 4 * (HIST_BINS + 64 + _keys_words(short_max, multi) + BUF_WORDS)
 
 
 MAX_SMEM = _finish_smem(SHORT_MAX, True)  # the finishing block's largest need
+KERNELS = ("bound_kernel", "count_kernel", "step_kernel", "finish_kernel")
 _DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _WORKSPACES: dict[tuple, dict[str, torch.Tensor]] = {}
 
@@ -54,7 +61,7 @@ def _module():
     import cupy
 
     src = resources.files("flashrt_kernels.topk").joinpath("select.cu").read_text()
-    names = [f"{f}<{d}>" for f in ("step_kernel", "guess_kernel", "finish_kernel") for d in (0, 1, 2)]
+    names = [f"{f}<{d}>" for f in KERNELS for d in (0, 1, 2)]
     mod = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
     return mod
 
@@ -96,7 +103,7 @@ def plan(b: int, n: int, device: torch.device, split: int | None = None) -> tupl
         return 0, 0, n
     short_max = SHORT_MAX if split is None else 0
     if split is None:
-        split = math.ceil(2 * _sm_count(device.index or 0) / max(b, 1))
+        split = math.ceil(BLOCKS_PER_SM * _sm_count(device.index or 0) / max(b, 1))
     split = max(1, min(split, math.ceil(max(n, 1) / TILE), 1024))
     chunk = math.ceil(math.ceil(max(n, 1) / split) / TILE) * TILE
     return math.ceil(max(n, 1) / chunk), chunk, short_max
@@ -140,24 +147,30 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     stream = _stream(index, torch.cuda.current_stream(dev).cuda_stream)
     with cupy.cuda.Device(index), stream:
-        if s and hint is not None:
-            _kernel("guess_kernel", dt)(
-                (s, b), (512,),
+        if s:
+            grid, block = (s, b), (512,)
+            if hint is None:
+                _kernel("bound_kernel", dt)(
+                    grid, block,
+                    (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(short_max), ctrl,
+                     _ptr(ws["hist"])),
+                )  # fmt: skip
+            _kernel("count_kernel", dt)(
+                grid, block,
                 (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(CAP), i32(segcap),
                  i32(short_max), _ptr(hint), _ptr(state), i32(st.STATE_WORDS), ctrl,
                  _ptr(ws["tc"]), seg, segcnt),
             )  # fmt: skip
-        elif s:
-            for step in range(STEPS):
+            for _ in range(STEPS):
                 _kernel("step_kernel", dt)(
-                    (s, b), (512,),
-                    (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(step), i32(CAP),
-                     i32(segcap), i32(short_max), ctrl, _ptr(ws["hist"]), seg, segcnt),
+                    grid, block,
+                    (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(CAP), i32(segcap),
+                     i32(short_max), ctrl, _ptr(ws["hist"]), seg, segcnt),
                 )  # fmt: skip
         _kernel("finish_kernel", dt)(
             (b,), (FINISH_THREADS,),
             (sc, stride, ln, i32(n), i32(k), i32(max(s, 1)), i32(segcap), i32(short_max),
-             i32(1 if s else 0), ctrl, seg, segcnt, _ptr(out_indices), _ptr(out_values),
-             _ptr(state), i32(st.STATE_WORDS)),
+             i32(1 if s else 0), i32(_keys_words(short_max, bool(s))), ctrl, seg, segcnt,
+             _ptr(out_indices), _ptr(out_values), _ptr(state), i32(st.STATE_WORDS)),
             shared_mem=smem,
         )  # fmt: skip

@@ -11,16 +11,22 @@
 // remaining rank. Where it runs:
 //   - rows of at most `short_max` elements: one block per row, the row's keys in shared memory,
 //     all passes there (`finish_kernel` alone: one launch);
-//   - longer rows: `step_kernel` launches, several blocks per row, each pass a launch. The last
-//     block of a row to finish a pass (an arrival counter; nobody waits for anybody) reads the
-//     row's histogram and decides. Once the bucket and everything above it hold at most `cap`
-//     elements, the next step compacts them (index order) into per-block segments and the
-//     finishing block resolves the rest in shared memory;
-//   - with a hint (`guess_kernel`): the smallest current score at the hinted positions is the
-//     guess; one pass counts eight thresholds exactly and compacts the scores >= the guess. When
-//     that admits between k and `cap` elements the finishing block ranks them; otherwise the
-//     finishing block searches its row alone (exact, slower).
-// The finishing block writes the selection in ascending index order, the pads, and the state.
+//   - longer rows: several blocks per row, one launch per pass over the row. The last block of a
+//     row to finish a launch (an arrival counter; nobody waits for anybody) decides what the
+//     row's next launch does:
+//       1. a lower bound L on the K-th key: the rows's elements fall into G >= k interleaved
+//          groups (index mod G); the smallest of the G group maxima is <= the K-th largest
+//          (`bound_kernel`, hint-free) -- or, with a hint, the smallest current score at the
+//          hinted positions (a guess, not a bound);
+//       2. one pass counts eight thresholds from L upward exactly and compacts the keys >= L into
+//          per-block segments (`count_kernel`). If that admits between k and `cap` keys the
+//          candidates are ready; if another threshold does, the next launch compacts at it;
+//       3. otherwise (`step_kernel`, three launches, no-ops for rows already done) digit passes
+//          over the row narrow the K-th key's bucket until it and everything above it hold at
+//          most `cap` keys, which one more step compacts;
+//   - the finishing block (one per row) ranks the candidates in shared memory, or, when even the
+//     last digit pass left more than `cap` keys tied at T, writes the selection from the row.
+// It writes the selection in ascending index order, the pads, and the state.
 
 #define CTRL_WORDS 32
 #define C_STATUS 0
@@ -32,16 +38,17 @@
 #define C_COUNT 6    // exact number of valid keys >= LO
 #define C_ARRIVED 7  // blocks of the row done with the current launch
 #define C_ROUNDS 8   // counting passes over the row so far
+#define C_MAX 9      // the row's largest key (bound_kernel)
 #define C_TRIED 16   // 8 keys (unsigned) then 8 exact counts
 
 #define ST_SEARCH 0   // next step: another digit pass
 #define ST_COMPACT 1  // next step: compact the keys >= LO
 #define ST_READY 2    // the segments hold every key >= LO
 #define ST_EXACT 3    // T is known (PREFIX), NEED ties; the finishing block writes from the row
-#define ST_ROW 4      // the finishing block searches the row alone
 
 #define HIST_BINS 4096
-#define TILE_ITEMS 8
+#define BUF_WORDS 8192  // the finishing block's buffer for a narrowed bucket
+#define TILE_ITEMS 8   // consecutive 32-element rows a warp covers per compaction tile
 #define LOAD_ITEMS 16
 #define STATE_VALID 0
 #define STATE_KTH 1
@@ -122,6 +129,26 @@ __device__ __forceinline__ int warp_inclusive_scan(int x) {
     return x;
 }
 
+// Per-warp offsets of two warp-uniform counts (every thread calls; lanes of a warp pass the same
+// values): the exclusive prefix over the block's warps, and the block totals. scratch: 64 ints.
+__device__ __forceinline__ void warp_offsets(int a, int b, int* scratch, int* a_off, int* b_off,
+                                             int* a_tot, int* b_tot) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+    }
+    __syncthreads();
+    int x = lane < nw ? scratch[lane] : 0, y = lane < nw ? scratch[32 + lane] : 0;
+    x = warp_inclusive_scan(x);
+    y = warp_inclusive_scan(y);
+    *a_off = __shfl_sync(0xffffffffu, x, warp) - a;
+    *b_off = __shfl_sync(0xffffffffu, y, warp) - b;
+    *a_tot = __shfl_sync(0xffffffffu, x, nw - 1);
+    *b_tot = __shfl_sync(0xffffffffu, y, nw - 1);
+    __syncthreads();
+}
+
 // Exclusive prefix sum of v over the block's threads; *total gets the sum. scratch: 33 ints.
 __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -187,142 +214,128 @@ __device__ __forceinline__ u32 pass_mask(int pass) {  // the digits found before
 }
 
 // ---------------------------------------------------------------------------------------------
-// the row as a source of the finishing block's slow paths (a missed guess, a known T)
+// sources of the finishing block: element i's key and its index in the row
 
 template <int DT>
-struct GlobalRow {
+struct GlobalRow {  // the row itself
     const void* row;
     __device__ u32 key(int i) const { return load_key<DT>(row, i); }
     __device__ int index(int i) const { return i; }
 };
 
+struct SmemKeys {  // a short row's keys in shared memory
+    const u32* k;
+    __device__ u32 key(int i) const { return k[i]; }
+    __device__ int index(int i) const { return i; }
+};
+
+struct SmemPairs {  // candidates in shared memory, in index order
+    const u32* k;
+    const int* ix;
+    __device__ u32 key(int i) const { return k[i]; }
+    __device__ int index(int i) const { return ix[i]; }
+};
+
+// One digit pass over src[0..count): narrows (prefix, need) to the bucket holding the need-th
+// largest of the keys matching prefix; returns how many keys that bucket holds.
+template <class Src>
+__device__ int search_pass(const Src& src, int count, int pass, u32* prefix, int* need,
+                           int* hist, int* scratch) {
+    int shift = pass_shift(pass), nb = pass_bins(pass);
+    u32 mask = pass_mask(pass), pre = *prefix;
+    for (int j = threadIdx.x; j < nb; j += blockDim.x) hist[j] = 0;
+    __syncthreads();
+#pragma unroll 1  // (more unrolling spills in the 1024-thread finishing block)
+    for (int base = 0; base < count; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        u32 u = i < count ? src.key(i) : 0u;
+        hist_add(hist, (u >> shift) & (u32)(nb - 1), i < count && (u & mask) == pre);
+    }
+    __syncthreads();
+    find_bucket(hist, nb, *need, scratch + 40, scratch);
+    int d = scratch[40], above = scratch[41], in_d = hist[d];
+    __syncthreads();
+    *prefix = pre | ((u32)d << shift);
+    *need -= above;
+    return in_d;
+}
+
+// The keys of src[0..count) that match prefix under mask, into buf (any order).
+template <class Src>
+__device__ void gather_bucket(const Src& src, int count, u32 mask, u32 prefix, u32* buf,
+                              int* scratch) {
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) scratch[50] = 0;
+    __syncthreads();
+    for (int base = 0; base < count; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        u32 u = i < count ? src.key(i) : 0u;
+        bool sel = i < count && (u & mask) == prefix;
+        u32 bal = __ballot_sync(0xffffffffu, sel);
+        if (bal == 0u) continue;
+        int leader = __ffs(bal) - 1, at = 0;
+        if (lane == leader) at = atomicAdd(&scratch[50], __popc(bal));
+        at = __shfl_sync(0xffffffffu, at, leader);
+        if (sel) buf[at + __popc(bal & ((1u << lane) - 1u))] = u;
+    }
+    __syncthreads();
+}
+
 // Radix search over src[0..count) from digit pass `pass` on: T (unsigned key) and the ties at T
 // to keep. prefix / need describe the bucket found before `pass` (0 / the rank for pass 0).
+// When a pass leaves a bucket of at most `bufcap` keys, they move to buf and the remaining
+// passes run over them alone (they only count, so any order does).
 template <class Src>
 __device__ void block_search(const Src& src, int count, int pass, u32 prefix, int need, int* hist,
-                             int* scratch, u32* t_out, int* ties_out) {
+                             int* scratch, u32* t_out, int* ties_out, u32* buf, int bufcap) {
     for (; pass < 3; ++pass) {
-        int shift = pass_shift(pass), nb = pass_bins(pass);
-        u32 mask = pass_mask(pass);
-        for (int j = threadIdx.x; j < nb; j += blockDim.x) hist[j] = 0;
-        __syncthreads();
-        for (int base = 0; base < count; base += blockDim.x) {
-            int i = base + threadIdx.x;
-            u32 u = i < count ? src.key(i) : 0u;
-            bool hit = i < count && (u & mask) == prefix;
-            hist_add(hist, (u >> shift) & (u32)(nb - 1), hit);
+        int in_d = search_pass(src, count, pass, &prefix, &need, hist, scratch);
+        if (pass < 2 && in_d <= bufcap && in_d < count) {
+            gather_bucket(src, count, pass_mask(pass + 1), prefix, buf, scratch);
+            SmemKeys rest{buf};
+            for (++pass; pass < 3; ++pass)
+                search_pass(rest, in_d, pass, &prefix, &need, hist, scratch);
+            break;
         }
-        __syncthreads();
-        find_bucket(hist, nb, need, scratch + 40, scratch);
-        int d = scratch[40], above = scratch[41];
-        __syncthreads();
-        prefix |= (u32)d << shift;
-        need -= above;
     }
     *t_out = prefix;
     *ties_out = need;
 }
 
 // Writes the selection of src[0..count) -- keys > t and the first `ties` keys == t, in index
-// order -- at out[0..), values copied as raw bits from the row.
+// order -- at out[0..), values copied from the row. Warp w covers one contiguous range of the
+// elements, its lanes reading 32 consecutive ones at a time; ballots order each 32.
 template <int DT, class Src>
 __device__ void block_emit(const Src& src, int count, u32 t, int ties, int* out_idx,
                            void* out_val, const void* row, int* scratch) {
-    int carry_gt = 0, carry_eq = 0;
-    const int tile = blockDim.x * TILE_ITEMS;
-    for (int base = 0; base < count; base += tile) {
-        int i0 = base + threadIdx.x * TILE_ITEMS;
-        u32 keys[TILE_ITEMS];
-        int gt = 0, eq = 0;
-#pragma unroll
-        for (int j = 0; j < TILE_ITEMS; ++j) {
-            keys[j] = i0 + j < count ? src.key(i0 + j) : 0u;
-            bool ok = i0 + j < count;
-            gt += ok && keys[j] > t;
-            eq += ok && keys[j] == t;
-        }
-        int total;
-        int excl = block_exclusive_scan((gt << 16) | eq, scratch, &total);
-        int g = carry_gt + (excl >> 16), e = carry_eq + (excl & 0xffff);
-#pragma unroll
-        for (int j = 0; j < TILE_ITEMS; ++j) {
-            if (i0 + j >= count) break;
-            u32 u = keys[j];
-            if (u > t) {
-                int pos = g + (e < ties ? e : ties);
-                int idx = src.index(i0 + j);
-                out_idx[pos] = idx;
-                copy_value<DT>(out_val, pos, row, idx);
-                ++g;
-            } else if (u == t) {
-                if (e < ties) {
-                    int idx = src.index(i0 + j);
-                    out_idx[g + e] = idx;
-                    copy_value<DT>(out_val, g + e, row, idx);
-                }
-                ++e;
-            }
-        }
-        carry_gt += total >> 16;
-        carry_eq += total & 0xffff;
-    }
-}
-
-// Runs: the finishing block's elements in shared memory, thread t owning the contiguous run
-// e = t R .. t R + R - 1 (index order = e order), stored transposed -- element e = t R + j at
-// [j blockDim + t] -- so that every pass reads shared memory without bank conflicts.
-
-__device__ void runs_search(const u32* k, int R, int count, int pass, u32 prefix, int need,
-                            int* hist, int* scratch, u32* t_out, int* ties_out) {
-    const int t = threadIdx.x, bd = blockDim.x;
-    for (; pass < 3; ++pass) {
-        int shift = pass_shift(pass), nb = pass_bins(pass);
-        u32 mask = pass_mask(pass);
-        for (int j = t; j < nb; j += bd) hist[j] = 0;
-        __syncthreads();
-        for (int j = 0; j < R; ++j) {
-            u32 u = k[j * bd + t];
-            hist_add(hist, (u >> shift) & (u32)(nb - 1), t * R + j < count && (u & mask) == prefix);
-        }
-        __syncthreads();
-        find_bucket(hist, nb, need, scratch + 40, scratch);
-        int d = scratch[40], above = scratch[41];
-        __syncthreads();
-        prefix |= (u32)d << shift;
-        need -= above;
-    }
-    *t_out = prefix;
-    *ties_out = need;
-}
-
-// Writes the selection (keys > t, the first `ties` keys == t) in index order; ix == nullptr: the
-// element's position is its index.
-template <int DT>
-__device__ void runs_emit(const u32* k, const int* ix, int R, int count, u32 t, int ties,
-                          int* out_idx, void* out_val, const void* row, int* scratch) {
-    const int tid = threadIdx.x, bd = blockDim.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int per = (((count + nw - 1) / nw) + 31) & ~31;
+    const int lo = warp * per, hi = lo + per < count ? lo + per : count;
     int gt = 0, eq = 0;
-    for (int j = 0; j < R; ++j) {
-        u32 u = k[j * bd + tid];
-        bool ok = tid * R + j < count;
-        gt += ok && u > t;
-        eq += ok && u == t;
+    for (int i = lo + lane; i < hi; i += 32) {
+        u32 u = src.key(i);
+        gt += u > t;
+        eq += u == t;
     }
-    int total;  // counts <= 32768: two 16-bit halves of one unsigned scan
-    u32 excl = (u32)block_exclusive_scan((int)(((u32)gt << 16) | (u32)eq), scratch, &total);
-    int g = (int)(excl >> 16), e = (int)(excl & 0xffffu);
-    for (int j = 0; j < R; ++j) {
-        int el = tid * R + j;
-        if (el >= count) break;
-        u32 u = k[j * bd + tid];
-        if (u > t || (u == t && e < ties)) {
-            int pos = g + (e < ties ? e : ties);
-            int idx = ix ? ix[j * bd + tid] : el;
+    gt = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
+    eq = (int)__reduce_add_sync(0xffffffffu, (u32)eq);
+    int g, e, gtot, etot;
+    warp_offsets(gt, eq, scratch, &g, &e, &gtot, &etot);
+    const u32 below = (1u << lane) - 1u;
+    for (int base = lo; base < hi; base += 32) {
+        int i = base + lane;
+        u32 u = i < hi ? src.key(i) : 0u;
+        bool is_gt = i < hi && u > t, is_eq = i < hi && u == t;
+        u32 mg = __ballot_sync(0xffffffffu, is_gt), me = __ballot_sync(0xffffffffu, is_eq);
+        int gb = g + __popc(mg & below), eb = e + __popc(me & below);
+        if (is_gt || (is_eq && eb < ties)) {
+            int pos = gb + (eb < ties ? eb : ties);
+            int idx = src.index(i);
             out_idx[pos] = idx;
             copy_value<DT>(out_val, pos, row, idx);
         }
-        g += u > t;
-        e += u == t;
+        g += __popc(mg);
+        e += __popc(me);
     }
 }
 
@@ -330,35 +343,47 @@ __device__ void runs_emit(const u32* k, const int* ix, int R, int count, u32 t, 
 // multi-block passes
 
 // Ordered compaction of this block's [lo, hi) keys >= lo_key into seg (at most segcap written);
-// returns the block's count (all threads). Optionally counts eight thresholds too.
+// returns the block's count (all threads). Optionally counts eight thresholds th[0..8) too
+// (th[8]: the smallest of them). Each tile:
+// warp w covers TILE_ITEMS consecutive 32-element rows; ballots order them.
 template <int DT, bool COUNT8>
 __device__ int block_compact(const void* row, int lo, int hi, u32 lo_key, int2* seg, int segcap,
                              const u32* th, int* cnt8, int* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 below = (1u << lane) - 1u;
     int carry = 0;
     int c8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const int tile = blockDim.x * TILE_ITEMS;
     for (int base = lo; base < hi; base += tile) {
-        int i0 = base + threadIdx.x * TILE_ITEMS;
+        const int w0 = base + warp * 32 * TILE_ITEMS + lane;
         u32 keys[TILE_ITEMS];
+        u32 hit[TILE_ITEMS];
         int mine = 0;
 #pragma unroll
         for (int j = 0; j < TILE_ITEMS; ++j) {
-            bool ok = i0 + j < hi;
-            keys[j] = ok ? load_key<DT>(row, i0 + j) : 0u;
-            mine += ok && keys[j] >= lo_key;
-            if (COUNT8) {
+            int i = w0 + j * 32;
+            keys[j] = i < hi ? load_key<DT>(row, i) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < TILE_ITEMS; ++j) {
+            bool ok = w0 + j * 32 < hi;
+            hit[j] = __ballot_sync(0xffffffffu, ok && keys[j] >= lo_key);
+            mine += __popc(hit[j]);
+            if (COUNT8 && __any_sync(0xffffffffu, ok && keys[j] >= th[8])) {
 #pragma unroll
                 for (int q = 0; q < 8; ++q) c8[q] += ok && keys[j] >= th[q];
             }
         }
-        int total;
-        int pos = carry + block_exclusive_scan(mine, scratch, &total);
+        int pos, total, unused0, unused1;
+        warp_offsets(mine, 0, scratch, &pos, &unused0, &total, &unused1);
+        pos += carry;
 #pragma unroll
         for (int j = 0; j < TILE_ITEMS; ++j) {
-            if (i0 + j < hi && keys[j] >= lo_key) {
-                if (pos < segcap) seg[pos] = make_int2((int)keys[j], i0 + j);
-                ++pos;
+            if ((hit[j] >> lane) & 1u) {
+                int p = pos + __popc(hit[j] & below);
+                if (p < segcap) seg[p] = make_int2((int)keys[j], w0 + j * 32);
             }
+            pos += __popc(hit[j]);
         }
         carry += total;
     }
@@ -368,7 +393,7 @@ __device__ int block_compact(const void* row, int lo, int hi, u32 lo_key, int2* 
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
             int s = (int)__reduce_add_sync(0xffffffffu, (u32)c8[q]);
-            if ((threadIdx.x & 31) == 0) atomicAdd(&cnt8[q], s);
+            if (lane == 0) atomicAdd(&cnt8[q], s);
         }
         __syncthreads();
     }
@@ -386,13 +411,80 @@ __device__ bool last_to_arrive(int* ctrl_row, int blocks, int* flag) {
     return last;
 }
 
+// The lower bound L: element i of the row is in group i mod G (G = the power of two >= kk;
+// chunks are multiples of TILE_ITEMS * 32 * warps >= G, so thread t at row step q of a tile sees
+// group (t + q * blockDim) mod G). gmax [HIST_BINS] per row collects the group maxima.
+template <int DT>
+__global__ void __launch_bounds__(512) bound_kernel(
+    const void* scores, long long stride, const int* lengths, int n, int k, int chunk, int S,
+    int short_max, int* ctrl, int* gmax_all) {
+    __shared__ u32 grp[HIST_BINS];
+    __shared__ int scratch[64];
+    int b = blockIdx.y, c = blockIdx.x;
+    int len = row_length(lengths, b, n);
+    int kk = k < len ? k : len;
+    if (len <= short_max || kk == 0) return;
+    int* cr = ctrl + (long long)b * CTRL_WORDS;
+    int* gmax = gmax_all + (long long)b * HIST_BINS;
+    const void* row = (const char*)scores + (long long)b * stride * (DT == 0 ? 4 : 2);
+    int G = 1;
+    while (G < kk) G <<= 1;
+    for (int j = threadIdx.x; j < G; j += blockDim.x) grp[j] = 0u;
+    __syncthreads();
+    int lo = c * chunk, hi = lo + chunk < len ? lo + chunk : len;
+    u32 mx[TILE_ITEMS];
+#pragma unroll
+    for (int q = 0; q < TILE_ITEMS; ++q) mx[q] = 0u;
+    for (int base = lo; base < hi; base += blockDim.x * TILE_ITEMS) {
+        u32 u[TILE_ITEMS];
+#pragma unroll
+        for (int q = 0; q < TILE_ITEMS; ++q) {
+            int i = base + q * blockDim.x + threadIdx.x;
+            u[q] = i < hi ? load_key<DT>(row, i) : 0u;
+        }
+#pragma unroll
+        for (int q = 0; q < TILE_ITEMS; ++q) mx[q] = u[q] > mx[q] ? u[q] : mx[q];
+    }
+#pragma unroll
+    for (int q = 0; q < TILE_ITEMS; ++q)
+        if (mx[q]) atomicMax(&grp[(threadIdx.x + q * blockDim.x) & (G - 1)], mx[q]);
+    __syncthreads();
+    for (int j = threadIdx.x; j < G; j += blockDim.x)
+        if (grp[j]) atomicMax((u32*)&gmax[j], grp[j]);
+    if (!last_to_arrive(cr, S, scratch + 48)) return;
+    u32 lmin = 0xffffffffu, lmax = 0u;
+    for (int j = threadIdx.x; j < G; j += blockDim.x) {
+        u32 v = (u32)__ldcg(&gmax[j]);
+        gmax[j] = 0;  // zero for the digit passes / the next call
+        lmin = v < lmin ? v : lmin;
+        lmax = v > lmax ? v : lmax;
+    }
+    lmin = __reduce_min_sync(0xffffffffu, lmin);
+    lmax = __reduce_max_sync(0xffffffffu, lmax);
+    if (threadIdx.x == 0) {
+        scratch[0] = (int)0xffffffffu;
+        scratch[1] = 0;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        atomicMin((u32*)&scratch[0], lmin);
+        atomicMax((u32*)&scratch[1], lmax);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        cr[C_LO] = scratch[0];
+        cr[C_MAX] = scratch[1];
+        cr[C_ARRIVED] = 0;
+    }
+}
+
 // A digit pass over this block's chunk; the last block of the row decides what comes next.
 template <int DT>
 __device__ void hist_pass(const void* row, int lo, int hi, int pass, int* cr, int* ghist, int S,
-                          int cap, int kk, int* sh, int* scratch) {
-    u32 prefix = pass ? (u32)__ldcg(&cr[C_PREFIX]) : 0u;
-    int need = pass ? __ldcg(&cr[C_NEED]) : kk;
-    int above = pass ? __ldcg(&cr[C_ABOVE]) : 0;
+                          int cap, int* sh, int* scratch) {
+    u32 prefix = (u32)__ldcg(&cr[C_PREFIX]);
+    int need = __ldcg(&cr[C_NEED]);
+    int above = __ldcg(&cr[C_ABOVE]);
     int shift = pass_shift(pass), nb = pass_bins(pass);
     u32 mask = pass_mask(pass);
     for (int j = threadIdx.x; j < nb; j += blockDim.x) sh[j] = 0;
@@ -424,23 +516,11 @@ __device__ void hist_pass(const void* row, int lo, int hi, int pass, int* cr, in
         int d = scratch[40], ab = scratch[41];
         u32 np = prefix | ((u32)d << shift);
         int nneed = need - ab, nabove = above + ab, count_ge = nabove + sh[d];
-        if (pass == 0) {  // publish eight bucket bounds around d with their exact counts
-            int suffix_d = count_ge;  // keys >= bucket d's low bound
-            for (int q = 0; q < 8; ++q) {
-                int j = d - 3 + q;
-                j = j < 0 ? 0 : (j > nb - 1 ? nb - 1 : j);
-                int c = suffix_d;
-                for (int m = d; m < j; ++m) c -= sh[m];
-                for (int m = j; m < d; ++m) c += sh[m];
-                cr[C_TRIED + q] = (int)((u32)j << shift);
-                cr[C_TRIED + 8 + q] = c;
-            }
-        }
         cr[C_PREFIX] = (int)np;
         cr[C_NEED] = nneed;
         cr[C_ABOVE] = nabove;
         cr[C_PASS] = pass + 1;
-        cr[C_ROUNDS] = pass + 1;
+        cr[C_ROUNDS] = cr[C_ROUNDS] + 1;
         cr[C_LO] = (int)np;
         cr[C_COUNT] = count_ge;
         cr[C_STATUS] = pass == 2 ? ST_EXACT : (count_ge <= cap ? ST_COMPACT : ST_SEARCH);
@@ -448,29 +528,28 @@ __device__ void hist_pass(const void* row, int lo, int hi, int pass, int* cr, in
     }
 }
 
+// One step of a row that the counting pass did not settle: a digit pass or the compaction of
+// the keys >= LO, as the row's status says; nothing for rows already ready.
 template <int DT>
 __global__ void __launch_bounds__(512) step_kernel(
     const void* scores, long long stride, const int* lengths, int n, int k, int chunk, int S,
-    int step, int cap, int segcap, int short_max, int* ctrl, int* ghist, int2* seg, int* segcnt) {
+    int cap, int segcap, int short_max, int* ctrl, int* ghist, int2* seg, int* segcnt) {
     __shared__ int sh[HIST_BINS];
     __shared__ int scratch[64];
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
     int* cr = ctrl + (long long)b * CTRL_WORDS;
-    if (len <= short_max || kk == 0) {
-        if (step == 0 && c == 0 && threadIdx.x == 0) cr[C_STATUS] = ST_ROW;
-        return;
-    }
-    int status = step == 0 ? ST_SEARCH : __ldcg(&cr[C_STATUS]);
-    int pass = step == 0 ? 0 : __ldcg(&cr[C_PASS]);
+    if (len <= short_max || kk == 0) return;
+    int status = __ldcg(&cr[C_STATUS]);
+    if (status != ST_SEARCH && status != ST_COMPACT) return;
     const void* row = (const char*)scores + (long long)b * stride * (DT == 0 ? 4 : 2);
     int lo = c * chunk, hi = lo + chunk < len ? lo + chunk : len;
     if (lo > hi) lo = hi;
     if (status == ST_SEARCH) {
-        hist_pass<DT>(row, lo, hi, pass, cr, ghist + (long long)b * HIST_BINS, S, cap, kk, sh,
-                      scratch);
-    } else if (status == ST_COMPACT) {
+        hist_pass<DT>(row, lo, hi, __ldcg(&cr[C_PASS]), cr, ghist + (long long)b * HIST_BINS, S,
+                      cap, sh, scratch);
+    } else {
         u32 lo_key = (u32)__ldcg(&cr[C_LO]);
         int2* my = seg + ((long long)b * S + c) * segcap;
         int cnt = block_compact<DT, false>(row, lo, hi, lo_key, my, segcap, nullptr, nullptr,
@@ -488,53 +567,66 @@ __device__ __forceinline__ u32 sat_add(u32 a, int d) {
     return v < 0 ? 0u : (v > 0xffffffffLL ? 0xffffffffu : (u32)v);
 }
 
+// The counting pass: eight thresholds counted exactly, the keys >= the first compacted.
+// Hint-free, the thresholds run from the bound L to the row's largest key; with a hint, the
+// first is the smallest current score at the hinted positions, then the previous step's K-th
+// and accepted keys (when `state` holds a valid row of the same k) and steps below the guess.
 template <int DT>
-__global__ void __launch_bounds__(512) guess_kernel(
+__global__ void __launch_bounds__(512) count_kernel(
     const void* scores, long long stride, const int* lengths, int n, int k, int chunk, int S,
     int cap, int segcap, int short_max, const int* hint, const int* state, int state_words,
     int* ctrl, int* tc, int2* seg, int* segcnt) {
     __shared__ int scratch[64];
-    __shared__ u32 th[8];
+    __shared__ u32 th[9];
     __shared__ int cnt8[8];
     __shared__ u32 gmin;
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
     int* cr = ctrl + (long long)b * CTRL_WORDS;
-    if (len <= short_max || kk == 0) {
-        if (c == 0 && threadIdx.x == 0) cr[C_STATUS] = ST_ROW;
-        return;
-    }
+    if (len <= short_max || kk == 0) return;
     const void* row = (const char*)scores + (long long)b * stride * (DT == 0 ? 4 : 2);
-    if (threadIdx.x == 0) gmin = 0xffffffffu;
-    __syncthreads();
-    u32 m = 0xffffffffu;
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-        int h = __ldg(&hint[(long long)b * k + j]);
-        if (h >= 0 && h < len) {
-            u32 u = load_key<DT>(row, h);
-            m = u < m ? u : m;
-        }
-    }
-    atomicMin(&gmin, m);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u32 g = gmin, kth = g, acc = g;
-        if (state != nullptr) {
-            const int* s = state + (long long)b * state_words;
-            if (s[STATE_VALID] == 1 && s[STATE_K] == k) {
-                kth = (u32)s[STATE_KTH] ^ 0x80000000u;
-                acc = (u32)s[STATE_ACC_KEY] ^ 0x80000000u;
+    if (hint != nullptr) {
+        if (threadIdx.x == 0) gmin = 0xffffffffu;
+        __syncthreads();
+        u32 m = 0xffffffffu;
+        for (int j = threadIdx.x; j < k; j += blockDim.x) {
+            int h = __ldg(&hint[(long long)b * k + j]);
+            if (h >= 0 && h < len) {
+                u32 u = load_key<DT>(row, h);
+                m = u < m ? u : m;
             }
         }
-        th[0] = g;
-        th[1] = sat_add(g, 1);
-        th[2] = kth;
-        th[3] = sat_add(kth, 1);
-        th[4] = acc;
-        th[5] = sat_add(g, -(1 << 14));
-        th[6] = sat_add(g, -(1 << 17));
-        th[7] = sat_add(g, -(1 << 20));
+        m = __reduce_min_sync(0xffffffffu, m);
+        if ((threadIdx.x & 31) == 0) atomicMin(&gmin, m);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 g = gmin, kth = g, acc = g;
+            if (state != nullptr) {
+                const int* s = state + (long long)b * state_words;
+                if (s[STATE_VALID] == 1 && s[STATE_K] == k) {
+                    kth = (u32)s[STATE_KTH] ^ 0x80000000u;
+                    acc = (u32)s[STATE_ACC_KEY] ^ 0x80000000u;
+                }
+            }
+            th[0] = g;
+            th[1] = sat_add(g, 1);
+            th[2] = kth;
+            th[3] = sat_add(kth, 1);
+            th[4] = acc;
+            th[5] = sat_add(g, -(1 << 14));
+            th[6] = sat_add(g, -(1 << 17));
+            th[7] = sat_add(g, -(1 << 20));
+        }
+    } else if (threadIdx.x == 0) {
+        u32 lb = (u32)__ldcg(&cr[C_LO]), mx = (u32)__ldcg(&cr[C_MAX]);
+        unsigned long long span = mx > lb ? (unsigned long long)(mx - lb) : 0ull;
+        for (int q = 0; q < 8; ++q) th[q] = lb + (u32)(span * q / 8);
+    }
+    if (threadIdx.x == 0) {
+        u32 m = th[0];
+        for (int q = 1; q < 8; ++q) m = th[q] < m ? th[q] : m;
+        th[8] = m;
     }
     __syncthreads();
     int lo = c * chunk, hi = lo + chunk < len ? lo + chunk : len;
@@ -545,20 +637,30 @@ __global__ void __launch_bounds__(512) guess_kernel(
     if (threadIdx.x < 8) atomicAdd(&tc[b * 8 + threadIdx.x], cnt8[threadIdx.x]);
     if (!last_to_arrive(cr, S, scratch + 48)) return;
     if (threadIdx.x == 0) {
-        int tot[8];
+        int best = -1, best_count = 0, tot0 = 0;
         for (int q = 0; q < 8; ++q) {
-            tot[q] = __ldcg(&tc[b * 8 + q]);
+            int tot = __ldcg(&tc[b * 8 + q]);
             tc[b * 8 + q] = 0;
             cr[C_TRIED + q] = (int)th[q];
-            cr[C_TRIED + 8 + q] = tot[q];
+            cr[C_TRIED + 8 + q] = tot;
+            if (q == 0) tot0 = tot;
+            if (tot >= kk && tot <= cap && (best < 0 || tot < best_count)) {
+                best = q;
+                best_count = tot;
+            }
         }
-        bool admit = tot[0] >= kk && tot[0] <= cap;
-        cr[C_STATUS] = admit ? ST_READY : ST_ROW;
+        bool ready = tot0 >= kk && tot0 <= cap;
+        if (ready) {
+            best = 0;
+            best_count = tot0;
+        }
+        cr[C_STATUS] = ready ? ST_READY : (best > 0 ? ST_COMPACT : ST_SEARCH);
         cr[C_PASS] = 0;
         cr[C_PREFIX] = 0;
         cr[C_NEED] = kk;
-        cr[C_LO] = (int)th[0];
-        cr[C_COUNT] = tot[0];
+        cr[C_ABOVE] = 0;
+        cr[C_LO] = best >= 0 ? (int)th[best] : 0;
+        cr[C_COUNT] = best >= 0 ? best_count : len;
         cr[C_ROUNDS] = 1;
         cr[C_ARRIVED] = 0;
     }
@@ -570,12 +672,13 @@ __global__ void __launch_bounds__(512) guess_kernel(
 template <int DT>
 __global__ void __launch_bounds__(1024) finish_kernel(
     const void* scores, long long stride, const int* lengths, int n, int k, int S, int segcap,
-    int short_max, int multi, const int* ctrl, const int2* seg, const int* segcnt, int* out_idx,
-    void* out_val, int* state, int state_words) {
+    int short_max, int multi, int keys_words, const int* ctrl, const int2* seg, const int* segcnt,
+    int* out_idx, void* out_val, int* state, int state_words) {
     extern __shared__ int smem[];
     int* hist = smem;                   // HIST_BINS
     int* scratch = hist + HIST_BINS;    // 64
-    u32* keys = (u32*)(scratch + 64);   // max(short_max, cap)
+    u32* keys = (u32*)(scratch + 64);   // max(short_max, 2 cap)
+    u32* buf = keys + keys_words;       // BUF_WORDS: a narrowed bucket
     int b = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
@@ -587,45 +690,39 @@ __global__ void __launch_bounds__(1024) finish_kernel(
     u32 t = 0u, acc_key = 0u;
     int ties = 0, acc_count = len, rounds = 0;
     if (kk > 0 && status == -1) {  // the row in shared memory
-        const int R = (len + blockDim.x - 1) / blockDim.x;
-        const int t0 = threadIdx.x * R;
-#pragma unroll 8
-        for (int j = 0; j < R; ++j)
-            keys[j * blockDim.x + threadIdx.x] = t0 + j < len ? load_key<DT>(row, t0 + j) : 0u;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < len; i += blockDim.x) keys[i] = load_key<DT>(row, i);
         __syncthreads();
-        runs_search(keys, R, len, 0, 0u, kk, hist, scratch, &t, &ties);
-        runs_emit<DT>(keys, nullptr, R, len, t, ties, oi, ov, row, scratch);
-    } else if (status == ST_READY) {  // the candidates, in index order
+        SmemKeys src{keys};
+        block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties, buf, BUF_WORDS);
+        block_emit<DT>(src, len, t, ties, oi, ov, row, scratch);
+    } else if (status == ST_READY) {  // the candidates, gathered in index order
         int cnt = threadIdx.x < S ? segcnt[b * S + threadIdx.x] : 0;
         int total;
         int off = block_exclusive_scan(cnt, scratch, &total);
         int* pfx = hist;  // the segments' offsets (S <= blockDim)
         if (threadIdx.x < S) pfx[threadIdx.x] = off;
         __syncthreads();
-        const int R = (total + blockDim.x - 1) / blockDim.x;
-        int* ix = (int*)(keys + R * blockDim.x);
-        const int p0 = threadIdx.x * R;
-        int lo = 0, hi = S - 1;  // the last segment whose offset is <= p0
-        while (lo < hi) {
-            int mid = (lo + hi + 1) >> 1;
-            if (pfx[mid] <= p0) lo = mid; else hi = mid - 1;
-        }
-        for (int j = 0; j < R; ++j) {
-            int p = p0 + j;
-            if (p >= total) break;
-            while (lo < S - 1 && pfx[lo + 1] <= p) ++lo;
+        int* ix = (int*)(keys + total);
+        for (int p = threadIdx.x; p < total; p += blockDim.x) {
+            int lo = 0, hi = S - 1;  // the last segment whose offset is <= p
+            while (lo < hi) {
+                int mid = (lo + hi + 1) >> 1;
+                if (pfx[mid] <= p) lo = mid; else hi = mid - 1;
+            }
             int2 e = seg[((long long)b * S + lo) * segcap + (p - pfx[lo])];
-            keys[j * blockDim.x + threadIdx.x] = (u32)e.x;
-            ix[j * blockDim.x + threadIdx.x] = e.y;
+            keys[p] = (u32)e.x;
+            ix[p] = e.y;
         }
         __syncthreads();
-        runs_search(keys, R, total, cr[C_PASS], (u32)cr[C_PREFIX], cr[C_NEED], hist, scratch, &t,
-                    &ties);
-        runs_emit<DT>(keys, ix, R, total, t, ties, oi, ov, row, scratch);
+        SmemPairs src{keys, ix};
+        block_search(src, total, cr[C_PASS], (u32)cr[C_PREFIX], cr[C_NEED], hist, scratch, &t,
+                     &ties, buf, BUF_WORDS);
+        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch);
         acc_key = (u32)cr[C_LO];
         acc_count = cr[C_COUNT];
         rounds = cr[C_ROUNDS];
-    } else if (status == ST_EXACT) {  // T known: one ordered pass over the row
+    } else if (status == ST_EXACT) {  // T known, more than cap keys at it: from the row
         t = (u32)cr[C_PREFIX];
         ties = cr[C_NEED];
         GlobalRow<DT> src{row};
@@ -633,11 +730,6 @@ __global__ void __launch_bounds__(1024) finish_kernel(
         acc_key = t;
         acc_count = cr[C_COUNT];
         rounds = cr[C_ROUNDS];
-    } else if (status == ST_ROW) {  // a missed guess: the row alone, exact
-        GlobalRow<DT> src{row};
-        block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties);
-        block_emit<DT>(src, len, t, ties, oi, ov, row, scratch);
-        rounds = cr[C_ROUNDS] + 3;
     }
     for (int j = kk + threadIdx.x; j < k; j += blockDim.x) {
         oi[j] = -1;
