@@ -36,7 +36,7 @@ MAX_K = 4096
 FINISH_THREADS = 1024
 
 
-BUF_WORDS = 8192  # the finishing block's buffer for a narrowed bucket (select.cu)
+AUX_WORDS = 8192 + 8192 // 4 + 64  # select.cu's AUX_WORDS: a narrowed bucket, owners, counts
 
 
 def _keys_words(short_max: int, multi: bool) -> int:
@@ -46,8 +46,8 @@ def _keys_words(short_max: int, multi: bool) -> int:
 
 def _finish_smem(short_max: int, multi: bool) -> int:
     """Bytes of shared memory the finishing block needs: the histogram, scratch, the keys, and
-    the buffer for a narrowed bucket."""
-    return 4 * (HIST_BINS + 64 + _keys_words(short_max, multi) + BUF_WORDS)
+    the buffer for a narrowed bucket with its owners and the per-warp counts."""
+    return 4 * (HIST_BINS + 64 + _keys_words(short_max, multi) + AUX_WORDS)
 
 
 MAX_SMEM = _finish_smem(SHORT_MAX, True)  # the finishing block's largest need

@@ -48,8 +48,10 @@
 
 #define HIST_BINS 4096
 #define BUF_WORDS 8192  // the finishing block's buffer for a narrowed bucket
+#define AUX_WORDS (BUF_WORDS + BUF_WORDS / 4 + 64)  // with its owners and the warp counts
 #define TILE_ITEMS 8   // consecutive 32-element rows a warp covers per compaction tile
 #define LOAD_ITEMS 16
+#define SHORT_LOADS 6  // loads in flight per thread as the finishing block reads a short row
 #define STATE_VALID 0
 #define STATE_KTH 1
 #define STATE_ACC_KEY 2
@@ -181,6 +183,33 @@ __device__ __forceinline__ void hist_add(int* h, u32 bin, bool active) {
     }
 }
 
+// ITEMS keys per thread, strided by the block: element base + q blockDim + thread (0 past hi).
+template <int DT, int ITEMS>
+__device__ __forceinline__ void load_strided(const void* row, int base, int hi, u32* u) {
+#pragma unroll
+    for (int q = 0; q < ITEMS; ++q) {
+        int i = base + q * blockDim.x + threadIdx.x;
+        u[q] = i < hi ? load_key<DT>(row, i) : 0u;
+    }
+}
+
+// Histogram of the keys of row[lo, hi) that match prefix under mask (digit at shift, nb bins),
+// ITEMS loads in flight per thread; `store` (if set) also gets every key at store[i - lo].
+template <int DT, int ITEMS>
+__device__ void hist_sweep(const void* row, int lo, int hi, int shift, int nb, u32 mask,
+                           u32 prefix, int* h, u32* store) {
+    for (int base = lo; base < hi; base += blockDim.x * ITEMS) {
+        u32 u[ITEMS];
+        load_strided<DT, ITEMS>(row, base, hi, u);
+#pragma unroll
+        for (int q = 0; q < ITEMS; ++q) {
+            int i = base + q * blockDim.x + threadIdx.x;
+            if (store != nullptr && i < hi) store[i - lo] = u[q];
+            hist_add(h, (u[q] >> shift) & (u32)(nb - 1), i < hi && (u[q] & mask) == prefix);
+        }
+    }
+}
+
 // Bucket search over h[0..nb): the bucket d holding the need-th largest (need >= 1, and the
 // bins hold at least need). out[0] = d, out[1] = count in the bins above d.
 __device__ void find_bucket(const int* h, int nb, int need, int* out, int* scratch) {
@@ -237,21 +266,24 @@ struct SmemPairs {  // candidates in shared memory, in index order
 };
 
 // One digit pass over src[0..count): narrows (prefix, need) to the bucket holding the need-th
-// largest of the keys matching prefix; returns how many keys that bucket holds.
+// largest of the keys matching prefix; returns how many keys that bucket holds. `counted`: hist
+// already holds this pass's histogram.
 template <class Src>
 __device__ int search_pass(const Src& src, int count, int pass, u32* prefix, int* need,
-                           int* hist, int* scratch) {
+                           int* hist, int* scratch, bool counted) {
     int shift = pass_shift(pass), nb = pass_bins(pass);
     u32 mask = pass_mask(pass), pre = *prefix;
-    for (int j = threadIdx.x; j < nb; j += blockDim.x) hist[j] = 0;
-    __syncthreads();
+    if (!counted) {
+        for (int j = threadIdx.x; j < nb; j += blockDim.x) hist[j] = 0;
+        __syncthreads();
 #pragma unroll 1  // (more unrolling spills in the 1024-thread finishing block)
-    for (int base = 0; base < count; base += blockDim.x) {
-        int i = base + threadIdx.x;
-        u32 u = i < count ? src.key(i) : 0u;
-        hist_add(hist, (u >> shift) & (u32)(nb - 1), i < count && (u & mask) == pre);
+        for (int base = 0; base < count; base += blockDim.x) {
+            int i = base + threadIdx.x;
+            u32 u = i < count ? src.key(i) : 0u;
+            hist_add(hist, (u >> shift) & (u32)(nb - 1), i < count && (u & mask) == pre);
+        }
+        __syncthreads();
     }
-    __syncthreads();
     find_bucket(hist, nb, *need, scratch + 40, scratch);
     int d = scratch[40], above = scratch[41], in_d = hist[d];
     __syncthreads();
@@ -260,65 +292,109 @@ __device__ int search_pass(const Src& src, int count, int pass, u32* prefix, int
     return in_d;
 }
 
-// The keys of src[0..count) that match prefix under mask, into buf (any order).
+// The contiguous range of src[0..count) that warp w covers when the block emits.
+__device__ __forceinline__ void warp_range(int count, int* lo, int* hi) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int per = (((count + nw - 1) / nw) + 31) & ~31;
+    *lo = warp * per;
+    *hi = *lo + per < count ? *lo + per : count;
+}
+
+// Per-warp counts the emission needs, collected on the way: wc[w] (keys > T in warp w's range)
+// and wc[32 + w] (keys == T there).
+struct WarpCounts {
+    u32* buf;        // a narrowed bucket's keys (any order)
+    unsigned char* owner;  // the warp whose range each of them came from
+    int* wc;         // 64 counts
+    int cap;
+};
+
+// The keys of src[0..count) that match prefix under mask, into wk.buf (any order), with the
+// warp that owns each; wk.wc[w] gets the keys above the bucket in warp w's range.
 template <class Src>
-__device__ void gather_bucket(const Src& src, int count, u32 mask, u32 prefix, u32* buf,
-                              int* scratch) {
-    const int lane = threadIdx.x & 31;
+__device__ void gather_bucket(const Src& src, int count, u32 mask, u32 prefix,
+                              const WarpCounts& wk, int* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) scratch[50] = 0;
     __syncthreads();
-    for (int base = 0; base < count; base += blockDim.x) {
-        int i = base + threadIdx.x;
-        u32 u = i < count ? src.key(i) : 0u;
-        bool sel = i < count && (u & mask) == prefix;
+    int lo, hi, above = 0;
+    warp_range(count, &lo, &hi);
+    for (int base = lo; base < hi; base += 32) {
+        int i = base + lane;
+        u32 u = i < hi ? src.key(i) : 0u, top = u & mask;
+        above += __popc(__ballot_sync(0xffffffffu, i < hi && top > prefix));
+        bool sel = i < hi && top == prefix;
         u32 bal = __ballot_sync(0xffffffffu, sel);
         if (bal == 0u) continue;
         int leader = __ffs(bal) - 1, at = 0;
         if (lane == leader) at = atomicAdd(&scratch[50], __popc(bal));
-        at = __shfl_sync(0xffffffffu, at, leader);
-        if (sel) buf[at + __popc(bal & ((1u << lane) - 1u))] = u;
+        at = __shfl_sync(0xffffffffu, at, leader) + __popc(bal & ((1u << lane) - 1u));
+        if (sel) {
+            wk.buf[at] = u;
+            wk.owner[at] = (unsigned char)warp;
+        }
+    }
+    if (lane == 0) {
+        wk.wc[warp] = above;
+        wk.wc[32 + warp] = 0;
     }
     __syncthreads();
 }
 
 // Radix search over src[0..count) from digit pass `pass` on: T (unsigned key) and the ties at T
 // to keep. prefix / need describe the bucket found before `pass` (0 / the rank for pass 0).
-// When a pass leaves a bucket of at most `bufcap` keys, they move to buf and the remaining
-// passes run over them alone (they only count, so any order does).
+// When a pass leaves a bucket of at most wk.cap keys, they move to wk.buf and the remaining
+// passes run over them alone (they only count, so any order does); then the per-warp counts
+// of the emission come out too (returns true). `counted`: hist already holds the histogram of
+// the first pass.
 template <class Src>
-__device__ void block_search(const Src& src, int count, int pass, u32 prefix, int need, int* hist,
-                             int* scratch, u32* t_out, int* ties_out, u32* buf, int bufcap) {
-    for (; pass < 3; ++pass) {
-        int in_d = search_pass(src, count, pass, &prefix, &need, hist, scratch);
-        if (pass < 2 && in_d <= bufcap && in_d < count) {
-            gather_bucket(src, count, pass_mask(pass + 1), prefix, buf, scratch);
-            SmemKeys rest{buf};
+__device__ bool block_search(const Src& src, int count, int pass, u32 prefix, int need, int* hist,
+                             int* scratch, u32* t_out, int* ties_out, const WarpCounts& wk,
+                             bool counted) {
+    bool gathered = false;
+    for (; pass < 3; ++pass, counted = false) {
+        int in_d = search_pass(src, count, pass, &prefix, &need, hist, scratch, counted);
+        if (pass < 2 && in_d <= wk.cap && in_d < count) {
+            gather_bucket(src, count, pass_mask(pass + 1), prefix, wk, scratch);
+            SmemKeys rest{wk.buf};
             for (++pass; pass < 3; ++pass)
-                search_pass(rest, in_d, pass, &prefix, &need, hist, scratch);
+                search_pass(rest, in_d, pass, &prefix, &need, hist, scratch, false);
+            for (int j = threadIdx.x; j < in_d; j += blockDim.x) {
+                u32 u = wk.buf[j];
+                if (u >= prefix) atomicAdd(&wk.wc[(u == prefix ? 32 : 0) + wk.owner[j]], 1);
+            }
+            __syncthreads();
+            gathered = true;
             break;
         }
     }
     *t_out = prefix;
     *ties_out = need;
+    return gathered;
 }
 
 // Writes the selection of src[0..count) -- keys > t and the first `ties` keys == t, in index
 // order -- at out[0..), values copied from the row. Warp w covers one contiguous range of the
-// elements, its lanes reading 32 consecutive ones at a time; ballots order each 32.
+// elements (warp_range), its lanes reading 32 consecutive ones at a time; ballots order each 32.
+// wc: the per-warp counts of keys > t and == t when block_search collected them, else nullptr.
 template <int DT, class Src>
 __device__ void block_emit(const Src& src, int count, u32 t, int ties, int* out_idx,
-                           void* out_val, const void* row, int* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int per = (((count + nw - 1) / nw) + 31) & ~31;
-    const int lo = warp * per, hi = lo + per < count ? lo + per : count;
-    int gt = 0, eq = 0;
-    for (int i = lo + lane; i < hi; i += 32) {
-        u32 u = src.key(i);
-        gt += u > t;
-        eq += u == t;
+                           void* out_val, const void* row, int* scratch, const int* wc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int lo, hi, gt = 0, eq = 0;
+    warp_range(count, &lo, &hi);
+    if (wc != nullptr) {  // counted by block_search
+        gt = wc[warp];
+        eq = wc[32 + warp];
+    } else {
+        for (int i = lo + lane; i < hi; i += 32) {
+            u32 u = src.key(i);
+            gt += u > t;
+            eq += u == t;
+        }
+        gt = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
+        eq = (int)__reduce_add_sync(0xffffffffu, (u32)eq);
     }
-    gt = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
-    eq = (int)__reduce_add_sync(0xffffffffu, (u32)eq);
     int g, e, gtot, etot;
     warp_offsets(gt, eq, scratch, &g, &e, &gtot, &etot);
     const u32 below = (1u << lane) - 1u;
@@ -437,11 +513,7 @@ __global__ void __launch_bounds__(512) bound_kernel(
     for (int q = 0; q < TILE_ITEMS; ++q) mx[q] = 0u;
     for (int base = lo; base < hi; base += blockDim.x * TILE_ITEMS) {
         u32 u[TILE_ITEMS];
-#pragma unroll
-        for (int q = 0; q < TILE_ITEMS; ++q) {
-            int i = base + q * blockDim.x + threadIdx.x;
-            u[q] = i < hi ? load_key<DT>(row, i) : 0u;
-        }
+        load_strided<DT, TILE_ITEMS>(row, base, hi, u);
 #pragma unroll
         for (int q = 0; q < TILE_ITEMS; ++q) mx[q] = u[q] > mx[q] ? u[q] : mx[q];
     }
@@ -489,19 +561,7 @@ __device__ void hist_pass(const void* row, int lo, int hi, int pass, int* cr, in
     u32 mask = pass_mask(pass);
     for (int j = threadIdx.x; j < nb; j += blockDim.x) sh[j] = 0;
     __syncthreads();
-    for (int base = lo; base < hi; base += blockDim.x * LOAD_ITEMS) {
-        u32 u[LOAD_ITEMS];
-#pragma unroll
-        for (int q = 0; q < LOAD_ITEMS; ++q) {
-            int i = base + q * blockDim.x + threadIdx.x;
-            u[q] = i < hi ? load_key<DT>(row, i) : 0u;
-        }
-#pragma unroll
-        for (int q = 0; q < LOAD_ITEMS; ++q) {
-            int i = base + q * blockDim.x + threadIdx.x;
-            hist_add(sh, (u[q] >> shift) & (u32)(nb - 1), i < hi && (u[q] & mask) == prefix);
-        }
-    }
+    hist_sweep<DT, LOAD_ITEMS>(row, lo, hi, shift, nb, mask, prefix, sh, nullptr);
     __syncthreads();
     for (int j = threadIdx.x; j < nb; j += blockDim.x)
         if (sh[j]) atomicAdd(&ghist[j], sh[j]);
@@ -678,7 +738,10 @@ __global__ void __launch_bounds__(1024) finish_kernel(
     int* hist = smem;                   // HIST_BINS
     int* scratch = hist + HIST_BINS;    // 64
     u32* keys = (u32*)(scratch + 64);   // max(short_max, 2 cap)
-    u32* buf = keys + keys_words;       // BUF_WORDS: a narrowed bucket
+    WarpCounts wk{keys + keys_words,                                   // BUF_WORDS keys
+                  (unsigned char*)(keys + keys_words + BUF_WORDS),       // BUF_WORDS owners
+                  (int*)(keys + keys_words + BUF_WORDS + BUF_WORDS / 4),  // 64 counts
+                  BUF_WORDS};
     int b = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
@@ -689,13 +752,14 @@ __global__ void __launch_bounds__(1024) finish_kernel(
     int status = (len <= short_max || kk == 0 || !multi) ? -1 : cr[C_STATUS];
     u32 t = 0u, acc_key = 0u;
     int ties = 0, acc_count = len, rounds = 0;
-    if (kk > 0 && status == -1) {  // the row in shared memory
-#pragma unroll 4
-        for (int i = threadIdx.x; i < len; i += blockDim.x) keys[i] = load_key<DT>(row, i);
+    if (kk > 0 && status == -1) {  // the row in shared memory; digit pass 0 as it arrives
+        for (int j = threadIdx.x; j < HIST_BINS; j += blockDim.x) hist[j] = 0;
+        __syncthreads();
+        hist_sweep<DT, SHORT_LOADS>(row, 0, len, pass_shift(0), HIST_BINS, 0u, 0u, hist, keys);
         __syncthreads();
         SmemKeys src{keys};
-        block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties, buf, BUF_WORDS);
-        block_emit<DT>(src, len, t, ties, oi, ov, row, scratch);
+        bool wc = block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties, wk, true);
+        block_emit<DT>(src, len, t, ties, oi, ov, row, scratch, wc ? wk.wc : nullptr);
     } else if (status == ST_READY) {  // the candidates, gathered in index order
         int cnt = threadIdx.x < S ? segcnt[b * S + threadIdx.x] : 0;
         int total;
@@ -716,9 +780,9 @@ __global__ void __launch_bounds__(1024) finish_kernel(
         }
         __syncthreads();
         SmemPairs src{keys, ix};
-        block_search(src, total, cr[C_PASS], (u32)cr[C_PREFIX], cr[C_NEED], hist, scratch, &t,
-                     &ties, buf, BUF_WORDS);
-        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch);
+        bool wc = block_search(src, total, cr[C_PASS], (u32)cr[C_PREFIX], cr[C_NEED], hist,
+                               scratch, &t, &ties, wk, false);
+        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, wc ? wk.wc : nullptr);
         acc_key = (u32)cr[C_LO];
         acc_count = cr[C_COUNT];
         rounds = cr[C_ROUNDS];
@@ -726,7 +790,7 @@ __global__ void __launch_bounds__(1024) finish_kernel(
         t = (u32)cr[C_PREFIX];
         ties = cr[C_NEED];
         GlobalRow<DT> src{row};
-        block_emit<DT>(src, len, t, ties, oi, ov, row, scratch);
+        block_emit<DT>(src, len, t, ties, oi, ov, row, scratch, nullptr);
         acc_key = t;
         acc_count = cr[C_COUNT];
         rounds = cr[C_ROUNDS];
