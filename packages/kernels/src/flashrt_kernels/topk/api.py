@@ -85,7 +85,8 @@ def topk(
     safe). ``hint`` int32 [B, k]: the previous step's indices (any content; see ``hints``).
     ``state`` int32 [B, STATE_WORDS]: caller-owned, read as a guess and republished (``state``).
     The selection is listed in ascending index order; ``sorted=True`` lists it by rank instead
-    (one extra sort of the [B, k] result).
+    (one extra sort of the [B, k] result). ``backend``: ``"auto"`` (``"cuda"`` -- the CUDA C++
+    select, needs CuPy -- else ``"triton"`` on a GPU; ``"reference"`` on a CPU), or one of them.
     """
     _validate(scores, k, lengths, out_values, out_indices, hint, state)
     if torch.compiler.is_compiling():

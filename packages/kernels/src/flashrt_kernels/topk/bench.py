@@ -74,8 +74,9 @@ def run(quick: bool = False) -> list[dict]:
                 ]
                 base = [lambda s=s, k=k: torch.topk(s[0], k, sorted=False) for s in sets]
                 tri = [
-                    lambda s=s, k=k: topk(s[0], k, out_values=s[2], out_indices=s[3],
-                                          backend="triton")  # fmt: skip
+                    lambda s=s, k=k: topk(
+                        s[0], k, out_values=s[2], out_indices=s[3], backend="triton"
+                    )  # fmt: skip
                     for s in sets
                 ]
                 t_free, t_hint = time_graph_us(free, rep_ms=REP), time_graph_us(hinted, rep_ms=REP)
