@@ -76,7 +76,7 @@ def run(quick: bool = False) -> list[dict]:
                 tri = [
                     lambda s=s, k=k: topk(
                         s[0], k, out_values=s[2], out_indices=s[3], backend="triton"
-                    )  # fmt: skip
+                    )
                     for s in sets
                 ]
                 t_free, t_hint = time_graph_us(free, rep_ms=REP), time_graph_us(hinted, rep_ms=REP)
