@@ -61,7 +61,7 @@ def test_parse_actions():
         ({"grammar_tree_budget": -1}, "grammar_tree_budget"),
         ({"batch_size": 0}, "batch_size"),
         ({"attention_kernel": "flash"}, "attention_kernel"),
-        ({"packed_prefill": True}, "packed_prefill"),
+        ({"packed_prefill": "yes"}, "packed_prefill"),
         ({"temperature": 0.5}, "do_sample"),
         ({"do_sample": True, "top_p": 0.0}, "top_p"),
         ({"dataset": "reverie"}, "dataset"),

@@ -65,3 +65,55 @@ def test_reused_row_leaks_no_kv(make_engine, tiny64, episodes):
             assert reused[key] == toks, key
     assert released == [0, 0, 0]
     assert torch.isnan(eng.pool.k[:, 0]).all()  # the poison really was in the reused row
+
+
+def test_packed_prefill_replies_equal_padded(make_engine, tiny64, episodes):
+    """packed_prefill=True (live tokens only, back to back) replays the same replies as the
+    padded forward, with tree speculation, at batch sizes 1 and 3."""
+    for budget, bs in ((0, 1), (16, 3)):
+        padded, _ = _replay(
+            make_engine, tiny64, episodes, grammar_tree_budget=budget, batch_size=bs,
+            constrain_to_grammar=True,
+        )  # fmt: skip
+        packed, _ = _replay(
+            make_engine, tiny64, episodes, grammar_tree_budget=budget, batch_size=bs,
+            constrain_to_grammar=True, packed_prefill=True,
+        )  # fmt: skip
+        assert packed == padded, (budget, bs)
+
+
+def test_packed_forward_matches_padded_and_writes_only_live_slots(tiny64):
+    """The packed decoder forward: live tokens' hidden states and pool K/V as the padded forward's
+    (float64), padded output slots zero, and no pool slot written past a row's live tokens."""
+    from flashrt_activevln.model import Qwen25VL
+    from flashrt_activevln.model.ops import Ops
+
+    cfg, w, _ = tiny64
+    model = Qwen25VL(cfg, w, Ops())
+    g = torch.Generator().manual_seed(0)
+    b, q = 3, 7
+    q_lens = torch.tensor([7, 0, 3])
+    lengths = torch.tensor([5, 0, 2])
+    ids = torch.randint(0, cfg.text.vocab_size, (b, q), generator=g)
+    pos = (lengths[:, None] + torch.arange(q))[None].expand(3, b, q).contiguous()
+    vis = torch.ones(q, q, dtype=torch.bool).tril().repeat(b, 1, 1)
+    pools = []
+    outs = []
+    for ql in (None, q_lens):
+        pool = model.new_pool(b, 32)
+        pool.k.fill_(float("nan"))
+        pool.v.fill_(float("nan"))
+        for r in range(b):  # the committed prefix; every other slot is stale (NaN)
+            pool.k[:, r, : int(lengths[r])] = 0.25
+            pool.v[:, r, : int(lengths[r])] = -0.5
+        outs.append(model.decode(model.embed(ids), pos, pool, lengths, vis, ql))
+        pools.append(pool)
+    live = torch.arange(q)[None] < q_lens[:, None]
+    torch.testing.assert_close(outs[1][live], outs[0][live], rtol=1e-12, atol=1e-12)
+    assert bool((outs[1][~live] == 0).all())
+    for r in range(b):
+        lo, hi = int(lengths[r]), int(lengths[r] + q_lens[r])
+        for t in ("k", "v"):
+            got, want = getattr(pools[1], t)[:, r], getattr(pools[0], t)[:, r]
+            torch.testing.assert_close(got[:, lo:hi], want[:, lo:hi], rtol=1e-12, atol=1e-12)
+            assert bool(got[:, hi:].isnan().all()), (r, t)  # nothing written past the live tokens

@@ -11,7 +11,9 @@
 |  |  | a row's result independent of the row count |
 | ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
 | ``gpu_preprocess`` | bool | exact: the same bytes as the CPU Pillow path |
-| ``packed_prefill`` | False | (not built yet: True is rejected) |
+| ``packed_prefill`` | bool | faithful: norms, projections and MLP over the live tokens only, |
+|  |  | packed back to back (no work for padded slots or empty rows); attention |
+|  |  | over the padded view with per-row query lengths |
 | ``grammar_tree_budget`` | 0..256 | exact acceptance: greedy tokens identical to plain greedy up to the |
 |  |  | forward's float rounding (bitwise with batch-invariant kernels); sampling distribution |
 |  |  | unchanged |
@@ -63,8 +65,8 @@ class Options:
             v = getattr(self, name)
             if v not in allowed:
                 raise ValueError(f"option {name}={v!r}: expected one of {list(allowed)}")
-        if self.packed_prefill:
-            raise ValueError("option packed_prefill=True: packed prefill is not built yet")
+        if not isinstance(self.packed_prefill, bool):
+            raise ValueError(f"option packed_prefill={self.packed_prefill!r}: expected a bool")
         if (
             not isinstance(self.grammar_tree_budget, int)
             or not 0 <= self.grammar_tree_budget <= 256

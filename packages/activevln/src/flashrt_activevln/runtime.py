@@ -226,6 +226,15 @@ class Engine:
                 if parent >= 0:
                     vis[r, j] |= vis[r, c + parent]
         lengths = torch.tensor([row.length if row else 0 for row in rows], dtype=torch.long)
+        q_lens = None
+        if self.opt.packed_prefill:  # live tokens per row; empty rows do no work at all
+            q_lens = torch.tensor(
+                [
+                    len(c) + len(d[0]) if row else 0
+                    for row, c, d in zip(rows, chains, drafts, strict=True)
+                ],
+                dtype=torch.long,
+            ).to(dev)
         ids_d = ids_t.to(dev)
         hidden = self.model.decode(
             self.model.embed(ids_d, image, img_mask.to(dev)),
@@ -233,6 +242,7 @@ class Engine:
             self.pool,
             lengths.to(dev),
             vis.to(dev),
+            q_lens,
         )
         self.stats.forwards += 1
         for r, row in enumerate(rows):

@@ -45,9 +45,10 @@ class Qwen25VL:
             x = x.masked_scatter(mask[..., None], image_embeds.to(x.dtype))
         return x
 
-    def decode(self, embeds, positions, pool, lengths, new_visible) -> torch.Tensor:
+    def decode(self, embeds, positions, pool, lengths, new_visible, q_lens=None) -> torch.Tensor:
+        """``q_lens``: live tokens per row, for the packed forward (``decoder_forward``)."""
         return decoder_forward(
-            self.w, self.cfg.text, embeds, positions, pool, lengths, new_visible, self.ops
+            self.w, self.cfg.text, embeds, positions, pool, lengths, new_visible, self.ops, q_lens
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

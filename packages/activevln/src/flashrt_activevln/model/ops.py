@@ -99,14 +99,15 @@ class Ops:
             return flashrt_kernels.rms_norm(x.contiguous(), w, eps)
         return rms_norm_reference(x, w, eps)
 
-    def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale):
-        """q [B, H, Q, D] over one pool layer [rows, capacity, Hkv, D] -> [B, Q, H, D]."""
+    def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale, q_lens=None):
+        """q [B, H, Q, D] over one pool layer [rows, capacity, Hkv, D] -> [B, Q, H, D].
+        ``q_lens`` [B]: live queries per row (default all Q); the kernel skips the others."""
         b, _, nq, _ = q.shape
         if self.attention == "gqa" and q.dtype in (torch.bfloat16, torch.float16):
             from flashrt_kernels.attention import gqa_attention
 
             lens = lengths.to(torch.int32)
-            q_lens = torch.full_like(lens, nq)
+            q_lens = torch.full_like(lens, nq) if q_lens is None else q_lens.to(torch.int32)
             qq = q.transpose(1, 2).contiguous()
             return gqa_attention(
                 qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible, scale=scale

@@ -62,8 +62,15 @@ def decoder_forward(
     lengths: torch.Tensor,
     new_visible: torch.Tensor,
     ops: Ops,
+    q_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """embeds [B, Q, H], positions [3, B, Q] -> final-normed hidden states [B, Q, H]."""
+    """embeds [B, Q, H], positions [3, B, Q] -> final-normed hidden states [B, Q, H].
+
+    ``q_lens`` [B] (packed mode): row b's live new tokens are its first ``q_lens[b]``. Then the
+    norms, projections, rotary embedding and MLP run over the live tokens alone, packed back to
+    back ([T, H]: no work for padding); only live tokens are written to the pool; attention runs
+    over the padded view with those query lengths (padded query slots do no work in the kernel,
+    and no query sees a padded slot's stale K/V); the padded slots of the output are zeros."""
     b, q, _ = embeds.shape
     if b != pool.k.shape[1]:
         raise ValueError(
@@ -77,22 +84,47 @@ def decoder_forward(
         raise ValueError(f"decoder_forward: KV extent {extent} exceeds capacity {pool.capacity}")
     few = q <= FEW_QUERIES
     lin = ops.text_linear
-    x = embeds
+    if q_lens is None:
+        live = None
+        x = embeds
+    else:
+        if q_lens.shape != (b,) or bool((q_lens < 0).any()) or bool((q_lens > q).any()):
+            raise ValueError(f"decoder_forward: q_lens must be [{b}] with entries in [0, {q}]")
+        live = torch.arange(q, device=q_lens.device)[None, :] < q_lens[:, None]  # [B, Q]
+        new_visible = new_visible & live[:, None, :]  # padded slots are never written: unseen
+        x = embeds[live][None]  # [1, T, H]
+        cos, sin = cos[live][None], sin[live][None]
+        rows, slots = live.nonzero(as_tuple=True)[0][None], slots[live][None]
+    t = x.shape[1]
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         h = ops.norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
         qs = lin(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"], few)
         ks = lin(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"], few)
         vs = lin(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"], few)
-        qs = apply_text_rope(qs.view(b, q, nh, hd).transpose(1, 2), cos, sin)
-        ks = apply_text_rope(ks.view(b, q, nkv, hd).transpose(1, 2), cos, sin)
-        vs = vs.view(b, q, nkv, hd)
-        pool.write(i, slots, ks.transpose(1, 2), vs)
-        a = ops.attend_pool(qs, pool.k[i], pool.v[i], lengths, new_visible, extent, hd**-0.5)
-        a = a.reshape(b, q, nh * hd)
+        qs = apply_text_rope(qs.view(-1, t, nh, hd).transpose(1, 2), cos, sin)
+        ks = apply_text_rope(ks.view(-1, t, nkv, hd).transpose(1, 2), cos, sin)
+        vs = vs.view(-1, t, nkv, hd)
+        if live is None:
+            pool.write(i, slots, ks.transpose(1, 2), vs)
+            a = ops.attend_pool(qs, pool.k[i], pool.v[i], lengths, new_visible, extent, hd**-0.5)
+        else:
+            pool.k[i][rows[0], slots[0]] = ks.transpose(1, 2)[0]
+            pool.v[i][rows[0], slots[0]] = vs[0]
+            qp = qs.new_zeros(b, q, nh, hd)
+            qp[live] = qs.transpose(1, 2)[0]
+            a = ops.attend_pool(qp.transpose(1, 2), pool.k[i], pool.v[i], lengths, new_visible,
+                                extent, hd**-0.5, q_lens)  # fmt: skip
+            a = a[live][None]
+        a = a.reshape(-1, t, nh * hd)
         x = x + lin(a, w[p + "self_attn.o_proj.weight"], None, few)
         h = ops.norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         g = lin(h, w[p + "mlp.gate_proj.weight"], None, few)
         u = lin(h, w[p + "mlp.up_proj.weight"], None, few)
         x = x + lin(ops.swiglu(g, u), w[p + "mlp.down_proj.weight"], None, few)
-    return ops.norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+    x = ops.norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+    if live is None:
+        return x
+    out = x.new_zeros(b, q, x.shape[-1])
+    out[live] = x[0]
+    return out
