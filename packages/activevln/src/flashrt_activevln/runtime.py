@@ -25,6 +25,7 @@ from flashrt_activevln.model import Ops, Qwen25VL
 from flashrt_activevln.presets import Options
 from flashrt_activevln.processor import ActiveVLNProcessor
 from flashrt_activevln.speculation import sample_plain, verify_greedy, verify_sample
+from flashrt_activevln.staging import Staging
 
 
 @dataclass
@@ -101,6 +102,7 @@ class Engine:
         self.trie = GrammarTrie.from_tokenizer(processor.tok, options.dataset, self.eos)
         self.sampling = options.sampling
         self.pool = None
+        self.staging = Staging(model.device)
         self.stats = Stats()
         self.on_reply = None  # optional callback(Reply)
 
@@ -226,23 +228,23 @@ class Engine:
                 if parent >= 0:
                     vis[r, j] |= vis[r, c + parent]
         lengths = torch.tensor([row.length if row else 0 for row in rows], dtype=torch.long)
-        q_lens = None
+        host = {"ids": ids_t, "pos": pos_t, "lengths": lengths, "vis": vis, "img": img_mask}
         if self.opt.packed_prefill:  # live tokens per row; empty rows do no work at all
-            q_lens = torch.tensor(
+            host["q_lens"] = torch.tensor(
                 [
-                    len(c) + len(d[0]) if row else 0
-                    for row, c, d in zip(rows, chains, drafts, strict=True)
+                    len(chain) + len(draft[0]) if row else 0
+                    for row, chain, draft in zip(rows, chains, drafts, strict=True)
                 ],
                 dtype=torch.long,
-            ).to(dev)
-        ids_d = ids_t.to(dev)
+            )
+        dv = self.staging.upload(host)  # the step's one host-to-device copy
         hidden = self.model.decode(
-            self.model.embed(ids_d, image, img_mask.to(dev)),
-            pos_t.to(dev),
+            self.model.embed(dv["ids"], image, dv["img"]),
+            dv["pos"],
             self.pool,
-            lengths.to(dev),
-            vis.to(dev),
-            q_lens,
+            dv["lengths"],
+            dv["vis"],
+            dv.get("q_lens"),
         )
         self.stats.forwards += 1
         for r, row in enumerate(rows):

@@ -1,0 +1,73 @@
+"""One host-to-device upload per engine step.
+
+A step's small inputs (token ids, positions, KV lengths, query lengths, the visibility mask, the
+image-slot mask) are built on the host. ``Staging.upload`` packs their bytes back to back into
+one reused pinned buffer, copies it to the device with a single non-blocking transfer into one
+reused device buffer, and returns device views of the same shapes and dtypes. The host buffer is
+not rewritten until the previous transfer has completed (an event, waited for only when a new
+upload is asked for), so the upload never races the copy in flight. On a CPU device the tensors
+are returned as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_ALIGN = 16  # bytes: every view starts aligned for any dtype
+
+
+def layout(tensors: dict[str, torch.Tensor]) -> tuple[list[int], int]:
+    """Byte offsets of the tensors packed back to back (each aligned) and the total size."""
+    spans, offset = [], 0
+    for t in tensors.values():
+        spans.append(offset)
+        offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+    return spans, offset
+
+
+def pack(buf: torch.Tensor, tensors: dict[str, torch.Tensor], spans: list[int]) -> None:
+    """Writes every tensor's bytes into the uint8 ``buf`` at its offset."""
+    for start, t in zip(spans, tensors.values(), strict=True):
+        n = t.numel() * t.element_size()
+        buf[start : start + n].copy_(t.contiguous().view(-1).view(torch.uint8))
+
+
+def views(buf: torch.Tensor, tensors: dict[str, torch.Tensor], spans: list[int]) -> dict:
+    """Views of the uint8 ``buf`` with the tensors' names, dtypes and shapes."""
+    out = {}
+    for start, (name, t) in zip(spans, tensors.items(), strict=True):
+        n = t.numel() * t.element_size()
+        out[name] = buf[start : start + n].view(t.dtype).view(t.shape)
+    return out
+
+
+class Staging:
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self._host: torch.Tensor | None = None
+        self._dev: torch.Tensor | None = None
+        self._done: torch.cuda.Event | None = None
+
+    def _buffers(self, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._host is None or self._host.numel() < nbytes:
+            size = max(nbytes, 2 * (0 if self._host is None else self._host.numel()), 4096)
+            self._host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            self._dev = torch.empty(size, dtype=torch.uint8, device=self.device)
+        return self._host, self._dev
+
+    def upload(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Host tensors -> device tensors (same names, shapes, dtypes, contents)."""
+        for name, t in tensors.items():
+            if t.device.type != "cpu":
+                raise ValueError(f"Staging.upload: {name!r} must be a host tensor, got {t.device}")
+        if self.device.type == "cpu":
+            return dict(tensors)
+        spans, total = layout(tensors)
+        if self._done is not None:
+            self._done.synchronize()  # the previous step's copy has left the host buffer
+        host, dev = self._buffers(max(total, 1))
+        pack(host, tensors, spans)
+        dev[:total].copy_(host[:total], non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record()
+        return views(dev, tensors, spans)
