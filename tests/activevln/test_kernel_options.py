@@ -51,3 +51,38 @@ def test_fast_kernels_batch_invariant_and_faithful():
     e_ref = (ref.double() - exact).abs().max().item()
     e_fast = (one.double() - exact).abs().max().item()
     assert e_fast <= 2 * e_ref + 1e-2, (e_fast, e_ref)
+
+
+def test_fused_projections_equal_separate_ones():
+    """fuse_projections adds the q|k|v and gate|up weights without copies of the separate ones
+    (they become views); the fused q|k|v launch is bit-equal to three batch-invariant linears,
+    and the fused SwiGLU rounds once: faithful to the separate path."""
+    from flashrt_activevln.model.text import GATE_UP, QKV, fuse_projections
+
+    cfg = tiny()
+    w = random_state(cfg, seed=3, std=0.2, dtype=torch.bfloat16)
+    fw = fuse_projections(w, cfg.text)
+    p = "model.layers.0."
+    for n in ("self_attn.q_proj.weight", "mlp.up_proj.weight"):
+        assert torch.equal(fw[p + n], w[p + n])
+        assert (
+            fw[p + n].untyped_storage().data_ptr()
+            == fw[p + (QKV if "attn" in n else GATE_UP)].untyped_storage().data_ptr()
+        )
+    h = torch.randn(3, 5, cfg.text.hidden_size, generator=torch.Generator().manual_seed(0))
+    h = h.to(torch.bfloat16)
+    t = cfg.text
+    sizes = (t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim, t.num_kv_heads * t.head_dim)
+    biases = [fw[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]
+    fused = FAST.qkv(h, fw[p + QKV], sizes, biases)
+    for n, got in zip("qkv", fused, strict=True):
+        want = FAST.text_linear(
+            h, fw[p + f"self_attn.{n}_proj.weight"], fw[p + f"self_attn.{n}_proj.bias"], True
+        )
+        assert torch.equal(got, want), n
+    g = FAST.text_linear(h, fw[p + "mlp.gate_proj.weight"], None, True)
+    u = FAST.text_linear(h, fw[p + "mlp.up_proj.weight"], None, True)
+    exact = torch.nn.functional.silu(g.float()) * u.float()
+    got = FAST.gate_up_swiglu(h, fw[p + GATE_UP]).float()
+    sep = FAST.swiglu(g, u).float()
+    assert (got - exact).abs().max() <= (sep - exact).abs().max() + 1e-6

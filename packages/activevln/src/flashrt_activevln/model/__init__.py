@@ -7,7 +7,7 @@ import torch
 from flashrt_activevln.config import ModelConfig
 from flashrt_activevln.model.ops import Ops
 from flashrt_activevln.model.positions import mrope_positions
-from flashrt_activevln.model.text import KVPool, decoder_forward
+from flashrt_activevln.model.text import KVPool, decoder_forward, fuse_projections
 from flashrt_activevln.model.vision import VisionPlan, vision_forward
 
 __all__ = ["KVPool", "Ops", "Qwen25VL", "VisionPlan", "mrope_positions"]
@@ -18,8 +18,10 @@ class Qwen25VL:
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops | None = None):
         self.cfg = cfg
-        self.w = weights
         self.ops = ops or Ops()
+        if self.ops.decode_linear == "batch_invariant":  # fused q|k|v, gate|up launches
+            weights = fuse_projections(weights, cfg.text)
+        self.w = weights
         self.dtype = weights["model.embed_tokens.weight"].dtype
         self.device = weights["model.embed_tokens.weight"].device
 

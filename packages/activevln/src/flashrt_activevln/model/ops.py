@@ -146,6 +146,33 @@ class Ops:
             return y if b is None else y + b
         return F.linear(x, w, b)
 
+    def fuses(self, x: torch.Tensor, few_queries: bool) -> bool:
+        """Whether a text step takes the fused batch-invariant launches (``qkv``,
+        ``gate_up_swiglu``): the same steps ``text_linear`` sends to the kernels."""
+        return self.decode_linear == "batch_invariant" and few_queries and x.dtype == torch.bfloat16
+
+    @staticmethod
+    def qkv(x, w_qkv, sizes, biases) -> tuple[torch.Tensor, ...]:
+        """q|k|v in one batch-invariant launch (flashrt_kernels.gemm.linear_qkv over the
+        row-concatenated weight), each bias added after in bf16: bit-equal to three
+        ``text_linear`` calls."""
+        from flashrt_kernels.gemm import linear_qkv
+
+        ys = linear_qkv(x.reshape(-1, x.shape[-1]).contiguous(), w_qkv, sizes)
+        return tuple(
+            y.view(*x.shape[:-1], y.shape[-1]) + b for y, b in zip(ys, biases, strict=True)
+        )
+
+    @staticmethod
+    def gate_up_swiglu(x, w_gate_up) -> torch.Tensor:
+        """silu(gate) * up in one batch-invariant launch (flashrt_kernels.gemm
+        .linear_gate_up_swiglu): the product in fp32, rounded once to bf16 (``swiglu`` rounds
+        silu(gate) first): faithful."""
+        from flashrt_kernels.gemm import linear_gate_up_swiglu
+
+        y = linear_gate_up_swiglu(x.reshape(-1, x.shape[-1]).contiguous(), w_gate_up)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
     @staticmethod
     def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up

@@ -15,6 +15,30 @@ from flashrt_activevln.config import TextConfig
 from flashrt_activevln.model.ops import FEW_QUERIES, Ops
 from flashrt_activevln.model.rope import apply_text_rope, mrope_cos_sin
 
+QKV = "self_attn.qkv_proj.weight"  # fused weights (``fuse_projections``), per layer prefix
+GATE_UP = "mlp.gate_up_proj.weight"
+
+
+def fuse_projections(w: dict, cfg: TextConfig) -> dict:
+    """A copy of the weights with q|k|v and gate|up of every layer row-concatenated (``QKV``,
+    ``GATE_UP``) for the fused decode launches; the separate weights become views of them, so no
+    memory is added and the prefill path reads the same values."""
+    w = dict(w)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        for fused, parts in (
+            (QKV, [f"self_attn.{n}_proj.weight" for n in "qkv"]),
+            (GATE_UP, ["mlp.gate_proj.weight", "mlp.up_proj.weight"]),
+        ):
+            cat = torch.cat([w[p + n] for n in parts])
+            w[p + fused] = cat
+            start = 0
+            for n in parts:
+                rows = w[p + n].shape[0]
+                w[p + n] = cat[start : start + rows]
+                start += rows
+    return w
+
 
 class KVPool:
     """K and V for every layer and row: [layers, rows, capacity, kv_heads, head_dim] (a layer is
@@ -99,9 +123,15 @@ def decoder_forward(
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         h = ops.norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        qs = lin(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"], few)
-        ks = lin(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"], few)
-        vs = lin(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"], few)
+        fused = ops.fuses(h, few) and p + QKV in w
+        if fused:
+            sizes = (nh * hd, nkv * hd, nkv * hd)
+            biases = [w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]
+            qs, ks, vs = ops.qkv(h, w[p + QKV], sizes, biases)
+        else:
+            qs = lin(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"], few)
+            ks = lin(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"], few)
+            vs = lin(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"], few)
         qs = apply_text_rope(qs.view(-1, t, nh, hd).transpose(1, 2), cos, sin)
         ks = apply_text_rope(ks.view(-1, t, nkv, hd).transpose(1, 2), cos, sin)
         vs = vs.view(-1, t, nkv, hd)
@@ -119,9 +149,13 @@ def decoder_forward(
         a = a.reshape(-1, t, nh * hd)
         x = x + lin(a, w[p + "self_attn.o_proj.weight"], None, few)
         h = ops.norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        g = lin(h, w[p + "mlp.gate_proj.weight"], None, few)
-        u = lin(h, w[p + "mlp.up_proj.weight"], None, few)
-        x = x + lin(ops.swiglu(g, u), w[p + "mlp.down_proj.weight"], None, few)
+        if fused:
+            m = ops.gate_up_swiglu(h, w[p + GATE_UP])
+        else:
+            g = lin(h, w[p + "mlp.gate_proj.weight"], None, few)
+            u = lin(h, w[p + "mlp.up_proj.weight"], None, few)
+            m = ops.swiglu(g, u)
+        x = x + lin(m, w[p + "mlp.down_proj.weight"], None, few)
     x = ops.norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
     if live is None:
         return x
