@@ -8,8 +8,8 @@
 |  | "segmented" | flashrt_kernels.segmented_attention (bf16/fp16): faithful |
 | ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
 |  | "batch_invariant" | flashrt_kernels.gemm.linear on decode / tree steps (bf16): faithful, |
-|  |  | a row's result independent of the row count; q|k|v one launch (bit-equal), |
-|  |  | gate|up + SwiGLU one launch (one rounding: faithful) |
+|  |  | a row's result independent of the row count; q, k, v one launch (bit-equal), |
+|  |  | gate, up + SwiGLU one launch (one rounding: faithful) |
 | ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
 | ``gpu_preprocess`` | bool | exact: the same bytes as the CPU Pillow path |
 | ``packed_prefill`` | bool | faithful: norms, projections and MLP over the live tokens only, |
