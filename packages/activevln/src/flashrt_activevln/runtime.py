@@ -230,13 +230,15 @@ class Engine:
         lengths = torch.tensor([row.length if row else 0 for row in rows], dtype=torch.long)
         host = {"ids": ids_t, "pos": pos_t, "lengths": lengths, "vis": vis, "img": img_mask}
         if self.opt.packed_prefill:  # live tokens per row; empty rows do no work at all
-            host["q_lens"] = torch.tensor(
+            q_lens = torch.tensor(
                 [
                     len(chain) + len(draft[0]) if row else 0
                     for row, chain, draft in zip(rows, chains, drafts, strict=True)
                 ],
                 dtype=torch.long,
             )
+            host["q_lens"] = q_lens
+            host["live"] = (torch.arange(q)[None] < q_lens[:, None]).reshape(-1).nonzero()[:, 0]
         dv = self.staging.upload(host)  # the step's one host-to-device copy
         hidden = self.model.decode(
             self.model.embed(dv["ids"], image, dv["img"]),
@@ -245,6 +247,8 @@ class Engine:
             dv["lengths"],
             dv["vis"],
             dv.get("q_lens"),
+            int(lengths.max()) + q,  # known on the host: no device read
+            dv.get("live"),
         )
         self.stats.forwards += 1
         for r, row in enumerate(rows):

@@ -47,11 +47,16 @@ class Qwen25VL:
             x = x.masked_scatter(mask[..., None], image_embeds.to(x.dtype))
         return x
 
-    def decode(self, embeds, positions, pool, lengths, new_visible, q_lens=None) -> torch.Tensor:
-        """``q_lens``: live tokens per row, for the packed forward (``decoder_forward``)."""
+    def decode(
+        self, embeds, positions, pool, lengths, new_visible, q_lens=None, extent=None,
+        live_index=None,
+    ) -> torch.Tensor:  # fmt: skip
+        """``q_lens`` / ``live_index``: live tokens per row and their flat positions, for the
+        packed forward; ``extent``: max(lengths) + Q known on the host (``decoder_forward``)."""
         return decoder_forward(
-            self.w, self.cfg.text, embeds, positions, pool, lengths, new_visible, self.ops, q_lens
-        )
+            self.w, self.cfg.text, embeds, positions, pool, lengths, new_visible, self.ops,
+            q_lens, extent, live_index,
+        )  # fmt: skip
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over the few rows that are verified (batch-invariant with that option)."""

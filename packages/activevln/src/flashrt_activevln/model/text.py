@@ -87,6 +87,8 @@ def decoder_forward(
     new_visible: torch.Tensor,
     ops: Ops,
     q_lens: torch.Tensor | None = None,
+    extent: int | None = None,
+    live_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """embeds [B, Q, H], positions [3, B, Q] -> final-normed hidden states [B, Q, H].
 
@@ -94,7 +96,9 @@ def decoder_forward(
     norms, projections, rotary embedding and MLP run over the live tokens alone, packed back to
     back ([T, H]: no work for padding); only live tokens are written to the pool; attention runs
     over the padded view with those query lengths (padded query slots do no work in the kernel,
-    and no query sees a padded slot's stale K/V); the padded slots of the output are zeros."""
+    and no query sees a padded slot's stale K/V); the padded slots of the output are zeros.
+    ``live_index`` [T] int64: the live tokens' flat positions ``b * Q + i`` in order, when the
+    caller has them on the host (else they are found on the device: a host read)."""
     b, q, _ = embeds.shape
     if b != pool.k.shape[1]:
         raise ValueError(
@@ -103,7 +107,8 @@ def decoder_forward(
     hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     cos, sin = mrope_cos_sin(positions, hd, cfg.rope_theta, cfg.mrope_section, embeds.dtype)
     slots = lengths[:, None] + torch.arange(q, device=lengths.device)
-    extent = int(lengths.max()) + q  # the reference path's one host read
+    if extent is None:
+        extent = int(lengths.max()) + q  # a host read
     if extent > pool.capacity:
         raise ValueError(f"decoder_forward: KV extent {extent} exceeds capacity {pool.capacity}")
     few = q <= FEW_QUERIES
@@ -112,13 +117,19 @@ def decoder_forward(
         live = None
         x = embeds
     else:
-        if q_lens.shape != (b,) or bool((q_lens < 0).any()) or bool((q_lens > q).any()):
+        bad = q_lens.shape != (b,)
+        if not bad and q_lens.device.type == "cpu":  # (a device tensor is not read back)
+            bad = bool((q_lens < 0).any()) or bool((q_lens > q).any())
+        if bad:
             raise ValueError(f"decoder_forward: q_lens must be [{b}] with entries in [0, {q}]")
         live = torch.arange(q, device=q_lens.device)[None, :] < q_lens[:, None]  # [B, Q]
         new_visible = new_visible & live[:, None, :]  # padded slots are never written: unseen
-        x = embeds[live][None]  # [1, T, H]
-        cos, sin = cos[live][None], sin[live][None]
-        rows, slots = live.nonzero(as_tuple=True)[0][None], slots[live][None]
+        if live_index is None:
+            live_index = live.reshape(-1).nonzero()[:, 0]
+        x = embeds.reshape(b * q, -1)[live_index][None]  # [1, T, H]
+        cos = cos.reshape(b * q, hd)[live_index][None]
+        sin = sin.reshape(b * q, hd)[live_index][None]
+        rows, slots = live_index // q, slots.reshape(-1)[live_index]
     t = x.shape[1]
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -139,13 +150,12 @@ def decoder_forward(
             pool.write(i, slots, ks.transpose(1, 2), vs)
             a = ops.attend_pool(qs, pool.k[i], pool.v[i], lengths, new_visible, extent, hd**-0.5)
         else:
-            pool.k[i][rows[0], slots[0]] = ks.transpose(1, 2)[0]
-            pool.v[i][rows[0], slots[0]] = vs[0]
-            qp = qs.new_zeros(b, q, nh, hd)
-            qp[live] = qs.transpose(1, 2)[0]
-            a = ops.attend_pool(qp.transpose(1, 2), pool.k[i], pool.v[i], lengths, new_visible,
-                                extent, hd**-0.5, q_lens)  # fmt: skip
-            a = a[live][None]
+            pool.k[i][rows, slots] = ks.transpose(1, 2)[0]
+            pool.v[i][rows, slots] = vs[0]
+            qp = qs.new_zeros(b * q, nh, hd).index_copy_(0, live_index, qs.transpose(1, 2)[0])
+            a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
+                                lengths, new_visible, extent, hd**-0.5, q_lens)  # fmt: skip
+            a = a.reshape(b * q, nh, hd)[live_index][None]
         a = a.reshape(-1, t, nh * hd)
         x = x + lin(a, w[p + "self_attn.o_proj.weight"], None, few)
         h = ops.norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
@@ -159,6 +169,4 @@ def decoder_forward(
     x = ops.norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
     if live is None:
         return x
-    out = x.new_zeros(b, q, x.shape[-1])
-    out[live] = x[0]
-    return out
+    return x.new_zeros(b * q, x.shape[-1]).index_copy_(0, live_index, x[0]).view(b, q, -1)
