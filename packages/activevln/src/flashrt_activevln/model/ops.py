@@ -139,7 +139,7 @@ class Ops:
         ``FEW_QUERIES`` queries per row go through flashrt_kernels.gemm.linear (fp32 accumulation
         in one fixed K order: a row's result never depends on how many rows there are), the bias
         added after in bf16; prefill steps keep torch's linear."""
-        if self.decode_linear == "batch_invariant" and few_queries and x.dtype == torch.bfloat16:
+        if self.fuses(x, few_queries):
             from flashrt_kernels.gemm import linear
 
             y = linear(x.reshape(-1, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
@@ -147,8 +147,8 @@ class Ops:
         return F.linear(x, w, b)
 
     def fuses(self, x: torch.Tensor, few_queries: bool) -> bool:
-        """Whether a text step takes the fused batch-invariant launches (``qkv``,
-        ``gate_up_swiglu``): the same steps ``text_linear`` sends to the kernels."""
+        """Whether a text step goes to the batch-invariant kernels: ``text_linear``'s, and the
+        fused ``qkv`` / ``gate_up_swiglu`` launches."""
         return self.decode_linear == "batch_invariant" and few_queries and x.dtype == torch.bfloat16
 
     @staticmethod

@@ -21,8 +21,9 @@ GATE_UP = "mlp.gate_up_proj.weight"
 
 def fuse_projections(w: dict, cfg: TextConfig) -> dict:
     """A copy of the weights with q|k|v and gate|up of every layer row-concatenated (``QKV``,
-    ``GATE_UP``) for the fused decode launches; the separate weights become views of them, so no
-    memory is added and the prefill path reads the same values."""
+    ``GATE_UP``) for the fused decode launches; the separate weights become views of them, so
+    the model holds each weight once (the caller's originals are freed when it drops its dict)
+    and the prefill path reads the same values."""
     w = dict(w)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."

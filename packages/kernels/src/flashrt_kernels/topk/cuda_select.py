@@ -32,7 +32,6 @@ BLOCKS_PER_SM = 4  # pass blocks per SM the split aims at (4 x 512 threads fill 
 HIST_BINS = 4096
 CTRL_WORDS = 32
 STEPS = 3  # step launches after the counting pass (digit passes 0..2 end in a known K-th key)
-MAX_K = 4096
 FINISH_THREADS = 1024
 
 
