@@ -17,13 +17,10 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from flashrt_kernels.attention.gqa_kernels import (
-    PREFILL_BLOCK_M,
-    launch_gqa_tiles,
-    workspace_numel,
-)
+from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
 from flashrt_kernels.attention.properties import random_tree_mask
 from flashrt_kernels.attention.segmented import launch_segmented
+from flashrt_kernels.attention.splits import workspace_numel
 from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
 from flashrt_kernels.registry import register_benchmark
 
@@ -45,7 +42,7 @@ def _decode_sets(bsz, length, n, hq, hkv, with_mask, config=None):
         mask = None
         if with_mask:
             mask = torch.stack([random_tree_mask(n, 8, 100 * s + b) for b in range(bsz)]).to(DEVICE)
-        ws = torch.empty(workspace_numel(bsz, n, hq, hkv, D, total, config), device=DEVICE)
+        ws = torch.zeros(workspace_numel(bsz, n, hq, hkv, D, total, config), device=DEVICE)
         sets.append((q, k, v, mask, torch.empty_like(q), ws))
     cl = torch.full((bsz,), length, dtype=torch.int32, device=DEVICE)
     ql = torch.full((bsz,), n, dtype=torch.int32, device=DEVICE)
@@ -165,8 +162,7 @@ def _prefill_rows():
             out = torch.empty_like(q)
             ours = [partial(launch_gqa_tiles, q, k, v, out, cl, None, q_starts=cu,
                             cache_rows=None, mask=None, mask_mode=0, q_max=max(new),
-                            split=False, workspace=None, scale=D**-0.5,
-                            config={"BLOCK_M": PREFILL_BLOCK_M})]  # fmt: skip
+                            split=False, workspace=None, scale=D**-0.5)]  # fmt: skip
             t = time_graph_us(ours)
             mx = max(new)
             qp = torch.zeros(bsz, hq, mx, D, dtype=DT, device=DEVICE)
@@ -194,25 +190,52 @@ def run(quick: bool = False) -> list[dict]:
     return _decode_rows(quick) + _tree_rows(quick) + _vision_rows() + _prefill_rows()
 
 
-DECODE_SWEEP = ({}, {"BLOCK_M": 64}, {"MIN_CHUNK": 128}, {"num_stages": 3})
-SEG_SWEEP = ({}, {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3})
+DECODE_SWEEP = (
+    {},
+    {"narrow": {"num_stages": 2}},
+    {"narrow": {"BLOCK_N": 128}},
+    {"MIN_CHUNK": 64},
+    {"MIN_CHUNK": 256},
+    {"TARGET": 32},
+)
+TREE_SWEEP = (
+    {},
+    {"wide": {"num_stages": 3}},
+    {"wide": {"BLOCK_M": 64, "num_warps": 4}},
+    {"wide": {"BLOCK_N": 128}},
+    {"KEYS_PER_ROW": 1},
+    {"KEYS_PER_ROW": 16},
+)
+SEG_SWEEP = (
+    {},
+    {"long": {"num_stages": 3}},
+    {"long": {"BLOCK_N": 128}},
+    {"long": {"BLOCK_M": 64, "num_warps": 4}},
+)
+
+
+def _sweep_row(case, heads, bsz, length, cfg, t, frac, tflops):
+    return {"case": case, "heads": heads, "B": bsz, "L": length, "config": str(cfg), "ours_us": t,
+            "floor_frac": frac, "tflops": tflops}  # fmt: skip
 
 
 @register_benchmark("attention_sweep", "attention", "tile-geometry sweep for the attention kernels")
 def run_sweep(quick: bool = False) -> list[dict]:
     rows = []
-    cases = [(4, 2048, 1, 16, 2), (8, 8192, 1, 16, 2), (8, 8192, 24, 16, 2)]
-    for bsz, length, n, hq, hkv in cases:
-        for cfg in DECODE_SWEEP:
+    decode = [(4, 2048, 16, 2), (1, 32768, 16, 2), (4, 8192, 16, 2)]
+    tree = [(8, 8192, 24, 16, 2), (8, 8192, 64, 16, 2)]
+    cases = [(b, L, 1, hq, hkv, DECODE_SWEEP) for b, L, hq, hkv in decode]
+    cases += [(b, L, n, hq, hkv, TREE_SWEEP) for b, L, n, hq, hkv in tree]
+    for bsz, length, n, hq, hkv, sweep in cases[:1] + cases[3:4] if quick else cases:
+        for cfg in sweep:
             sets, cl, ql, nbytes = _decode_sets(bsz, length - n, n, hq, hkv, n > 1, cfg)
             t = _ours_decode(sets, cl, ql, cfg)
-            rows.append({"case": f"q={n}", "heads": f"{hq}/{hkv}", "B": bsz, "L": length,
-                         "config": str(cfg), "ours_us": t, "floor_frac": floor_us(nbytes) / t,
-                         "tflops": 0.0})  # fmt: skip
+            flops = 4 * bsz * hq * n * length * D
+            rows.append(_sweep_row(f"q={n}", f"{hq}/{hkv}", bsz, length, cfg, t,
+                                   floor_us(nbytes) / t, flops / t * 1e-6))  # fmt: skip
             del sets
     for cfg in SEG_SWEEP:
         for r in _vision_rows(cfg):
-            rows.append({"case": r["case"], "heads": r["heads"], "B": r["B"], "L": r["L"],
-                         "config": str(cfg), "ours_us": r["ours_us"], "floor_frac": r["floor_frac"],
-                         "tflops": r["tflops"]})  # fmt: skip
+            rows.append(_sweep_row(r["case"], r["heads"], r["B"], r["L"], cfg, r["ours_us"],
+                                   r["floor_frac"], r["tflops"]))  # fmt: skip
     return rows

@@ -5,8 +5,8 @@ to the pool at ``cache_lens[b] ..``; each attends to the row's committed prefix 
 row's new tokens (``reference.packed_prefill_attention``).
 
 The kernel is the GQA tile kernel of ``decode`` without split-KV (one program per tile of
-(token, head) rows and KV head walks the whole visible context), with query tiles numbered from the
-row's own first token: a row's output is bit-identical to the same row run alone, whatever the
+(token, head) rows and KV head walks the whole visible context; ``splits.PREFILL`` tiles), with
+query tiles numbered from the row's own first token: a row's output is bit-identical to the same row run alone, whatever the
 other rows (contract ``exact``); against the reference it is ``faithful`` with the bound of
 ``decode`` (``ATOL_V`` times max|v| plus ``RTOL``).
 """
@@ -24,7 +24,7 @@ from flashrt_kernels.attention.decode import (
     validate_cache,
     validate_lengths,
 )
-from flashrt_kernels.attention.gqa_kernels import PREFILL_BLOCK_M, launch_gqa_tiles
+from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import (
     check_float,
@@ -72,8 +72,7 @@ def packed_prefill_attention_into(q, k_cache, v_cache, cu_seqlens, cache_lens, m
         return
     launch_gqa_tiles(q, k_cache, v_cache, out, cache_lens, None, q_starts=cu_seqlens,
                      cache_rows=cache_rows, mask=None, mask_mode=0, q_max=max_seqlen,
-                     split=False, workspace=None, scale=scale,
-                     config={"BLOCK_M": PREFILL_BLOCK_M})  # fmt: skip
+                     split=False, workspace=None, scale=scale)  # fmt: skip
 
 
 def packed_prefill_attention(

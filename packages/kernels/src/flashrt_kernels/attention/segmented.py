@@ -3,15 +3,16 @@
 Segment ``s`` is tokens ``cu_seqlens[s] .. cu_seqlens[s + 1]`` of q ``[T, Hq, d]`` and k/v
 ``[T, Hkv, d]``; attention is non-causal inside a segment and never crosses one (Qwen2.5-VL windows,
 whole images, Qwen3-VL per-image attention). One program: a tile of ``BLOCK_M`` queries of one
-segment and head, walking that segment's keys.
+segment and head, walking that segment's keys; windows and whole images take different tiles
+(``launch_config``).
 
 Head dims that are not powers of two (72, 80) are split into a power-of-two part and a small tail
 (64 + 16) instead of padding to 128, so the tensor cores do at most 16 columns of padding work.
 
 Contracts: ``faithful`` to ``reference.segmented_attention`` with the bound of ``decode``
 (``ATOL_V[dtype] * max|v| + RTOL[dtype] * |ref|``); a segment's output is bit-identical whatever the
-other segments are (``exact``: the tile geometry depends only on the head dim). Tokens outside
-every segment are not written.
+other segments are (``exact``: the tile geometry depends only on the segment's own length and the
+head dim). Tokens outside every segment are not written.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton.language as tl
 from flashrt_kernels.attention import reference
 from flashrt_kernels.attention.decode import DTYPES, MAX_HEAD_DIM
 from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to
+from flashrt_kernels.attention.splits import vector_align
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_float, check_int, check_no_alias, check_out, check_tensor
 
@@ -40,9 +42,63 @@ def head_dim_split(d: int) -> tuple[int, int]:
     return hi, lo
 
 
-def launch_config(d: int) -> dict:
-    """Tile geometry: a function of the head dim only (segments stay independent bit for bit)."""
-    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# Tile classes by a segment's own length (so segments stay independent bit for bit): windows of up
+# to SHORT_SEGMENT patches in 64-row tiles, longer segments (whole images) in 128-row tiles.
+SHORT_SEGMENT = 64
+SHORT = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+LONG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+
+
+def launch_config(config: dict | None = None) -> dict:
+    """The two classes' tiles, with ``config`` overrides (``{"short": {...}, "long": {...}}``;
+    benchmark sweeps only: the defaults are the contract's fixed geometry)."""
+    cfg = {"short": dict(SHORT), "long": dict(LONG)}
+    for key, val in (config or {}).items():
+        cfg[key].update(val)
+    return cfg
+
+
+@triton.jit
+def _segment_block(q_hi, q_lo, acc_hi, acc_lo, m_i, l_i, k_ptr, v_ptr, kv, n, dh, dh_ok, dl, dl_ok,
+                   qk_scale, D_LO: tl.constexpr, MASKED: tl.constexpr,
+                   UPCAST: tl.constexpr):  # fmt: skip
+    """One key block; ``MASKED``: the segment's last, partial block (loads and scores bounded)."""
+    kv_ok = kv < n
+    if MASKED:
+        hi_ok = kv_ok[:, None] & dh_ok[None, :]
+    else:
+        hi_ok = dh_ok[None, :]
+    k_hi = tl.load(k_ptr + dh[None, :], mask=hi_ok, other=0.0)
+    v_hi = tl.load(v_ptr + dh[None, :], mask=hi_ok, other=0.0)
+    if UPCAST:
+        k_hi = k_hi.to(tl.float32)
+        v_hi = v_hi.to(tl.float32)
+    s = tl.dot(q_hi, tl.trans(k_hi))
+    if D_LO > 0:
+        if MASKED:
+            lo_ok = kv_ok[:, None] & dl_ok[None, :]
+        else:
+            lo_ok = dl_ok[None, :]
+        k_lo = tl.load(k_ptr + dl[None, :], mask=lo_ok, other=0.0)
+        v_lo = tl.load(v_ptr + dl[None, :], mask=lo_ok, other=0.0)
+        if UPCAST:
+            k_lo = k_lo.to(tl.float32)
+            v_lo = v_lo.to(tl.float32)
+        s += tl.dot(q_lo, tl.trans(k_lo))
+    s = s * qk_scale
+    if MASKED:
+        s = tl.where(kv_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p_lo = _round_to(p, v_ptr.dtype.element_ty, UPCAST)
+    if UPCAST:
+        p_lo = p_lo.to(tl.float32)
+    acc_hi = acc_hi * alpha[:, None] + tl.dot(p_lo, v_hi)
+    if D_LO > 0:
+        acc_lo = acc_lo * alpha[:, None] + tl.dot(p_lo, v_lo)
+    return acc_hi, acc_lo, m_new, l_i
 
 
 @triton.jit
@@ -51,8 +107,12 @@ def segmented_attention_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, D_HI: tl.constexpr, D_LO: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
+    LONG_CLASS: tl.constexpr, SHORT_MAX: tl.constexpr,
 ):  # fmt: skip
+    """Programs of the ``LONG_CLASS`` launch take segments longer than ``SHORT_MAX``, the others
+    the rest. Full key blocks run unmasked; only a segment's last, partial block is masked. Loads
+    of a head dim like 72 are 16 bytes wide through ``ALIGN`` (the strides' power of two)."""
     tile = tl.program_id(0)
     seg = tl.program_id(1)
     hq = tl.program_id(2)
@@ -61,83 +121,84 @@ def segmented_attention_kernel(
     n = tl.load(CuSeqlens + seg + 1) - first
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n
-    end = tl.where(tile * BLOCK_M < n, n, 0)
-    tok = (first + rows).to(tl.int64)
-    dh = tl.arange(0, D_HI)
-    dh_ok = dh < HEAD_DIM
-    q_hi = tl.load(Q + tok[:, None] * stride_qt + hq * stride_qh + dh[None, :],
-                   mask=row_ok[:, None] & dh_ok[None, :], other=0.0)  # fmt: skip
-    if UPCAST:
-        q_hi = q_hi.to(tl.float32)
-    acc_hi = tl.zeros([BLOCK_M, D_HI], tl.float32)
-    if D_LO > 0:
-        dl = D_HI + tl.arange(0, D_LO)
-        dl_ok = dl < HEAD_DIM
-        q_lo = tl.load(Q + tok[:, None] * stride_qt + hq * stride_qh + dl[None, :],
-                       mask=row_ok[:, None] & dl_ok[None, :], other=0.0)  # fmt: skip
+    if LONG_CLASS:
+        mine = n > SHORT_MAX
+    else:
+        mine = n <= SHORT_MAX
+    if mine & (tile * BLOCK_M < n):
+        tok = (first + rows).to(tl.int64)
+        q_rows = tl.multiple_of(tok * stride_qt + hq * stride_qh, ALIGN)
+        dh = tl.arange(0, D_HI)
+        dh_ok = dh < HEAD_DIM
+        q_hi = tl.load(Q + q_rows[:, None] + dh[None, :], mask=row_ok[:, None] & dh_ok[None, :],
+                       other=0.0)  # fmt: skip
         if UPCAST:
-            q_lo = q_lo.to(tl.float32)
-        acc_lo = tl.zeros([BLOCK_M, D_LO], tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    for n0 in range(0, end, BLOCK_N):
-        kv = n0 + tl.arange(0, BLOCK_N)
-        kv_ok = kv < n
-        kt = (first + kv).to(tl.int64)
-        k_hi = tl.load(K + kt[:, None] * stride_kt + hk * stride_kh + dh[None, :],
-                       mask=kv_ok[:, None] & dh_ok[None, :], other=0.0)  # fmt: skip
-        v_hi = tl.load(V + kt[:, None] * stride_vt + hk * stride_vh + dh[None, :],
-                       mask=kv_ok[:, None] & dh_ok[None, :], other=0.0)  # fmt: skip
-        if UPCAST:
-            k_hi = k_hi.to(tl.float32)
-            v_hi = v_hi.to(tl.float32)
-        s = tl.dot(q_hi, tl.trans(k_hi))
+            q_hi = q_hi.to(tl.float32)
+        acc_hi = tl.zeros([BLOCK_M, D_HI], tl.float32)
         if D_LO > 0:
-            k_lo = tl.load(K + kt[:, None] * stride_kt + hk * stride_kh + dl[None, :],
-                           mask=kv_ok[:, None] & dl_ok[None, :], other=0.0)  # fmt: skip
-            v_lo = tl.load(V + kt[:, None] * stride_vt + hk * stride_vh + dl[None, :],
-                           mask=kv_ok[:, None] & dl_ok[None, :], other=0.0)  # fmt: skip
+            dl = D_HI + tl.arange(0, D_LO)
+            dl_ok = dl < HEAD_DIM
+            q_lo = tl.load(Q + q_rows[:, None] + dl[None, :],
+                           mask=row_ok[:, None] & dl_ok[None, :], other=0.0)  # fmt: skip
             if UPCAST:
-                k_lo = k_lo.to(tl.float32)
-                v_lo = v_lo.to(tl.float32)
-            s += tl.dot(q_lo, tl.trans(k_lo))
-        s = tl.where(kv_ok[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p_lo = _round_to(p, V.dtype.element_ty, UPCAST)
-        if UPCAST:
-            p_lo = p_lo.to(tl.float32)
-        acc_hi = acc_hi * alpha[:, None] + tl.dot(p_lo, v_hi)
+                q_lo = q_lo.to(tl.float32)
+            acc_lo = tl.zeros([BLOCK_M, D_LO], tl.float32)
+        else:
+            dl, dl_ok, q_lo, acc_lo = dh, dh_ok, q_hi, acc_hi
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        full = n // BLOCK_N * BLOCK_N
+        for n0 in range(0, full, BLOCK_N):
+            kv = n0 + tl.arange(0, BLOCK_N)
+            kt = (first + kv).to(tl.int64)
+            k_ptr = K + tl.multiple_of(kt * stride_kt + hk * stride_kh, ALIGN)[:, None]
+            v_ptr = V + tl.multiple_of(kt * stride_vt + hk * stride_vh, ALIGN)[:, None]
+            acc_hi, acc_lo, m_i, l_i = _segment_block(
+                q_hi, q_lo, acc_hi, acc_lo, m_i, l_i, k_ptr, v_ptr, kv, n, dh, dh_ok, dl, dl_ok,
+                qk_scale, D_LO, False, UPCAST,
+            )  # fmt: skip
+        for n0 in range(full, n, BLOCK_N):
+            kv = n0 + tl.arange(0, BLOCK_N)
+            kt = (first + kv).to(tl.int64)
+            k_ptr = K + tl.multiple_of(kt * stride_kt + hk * stride_kh, ALIGN)[:, None]
+            v_ptr = V + tl.multiple_of(kt * stride_vt + hk * stride_vh, ALIGN)[:, None]
+            acc_hi, acc_lo, m_i, l_i = _segment_block(
+                q_hi, q_lo, acc_hi, acc_lo, m_i, l_i, k_ptr, v_ptr, kv, n, dh, dh_ok, dl, dl_ok,
+                qk_scale, D_LO, True, UPCAST,
+            )  # fmt: skip
+        inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+        o_rows = Out + tl.multiple_of(tok * stride_ot + hq * stride_oh, ALIGN)[:, None]
+        o_hi = _round_to(acc_hi * inv[:, None], Out.dtype.element_ty, UPCAST)
+        tl.store(o_rows + dh[None, :], o_hi, mask=row_ok[:, None] & dh_ok[None, :])
         if D_LO > 0:
-            acc_lo = acc_lo * alpha[:, None] + tl.dot(p_lo, v_lo)
-        m_i = m_new
-    inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)
-    o_rows = Out + tok[:, None] * stride_ot + hq * stride_oh
-    o_hi = _round_to(acc_hi * inv[:, None], Out.dtype.element_ty, UPCAST)
-    tl.store(o_rows + dh[None, :], o_hi, mask=row_ok[:, None] & dh_ok[None, :])
-    if D_LO > 0:
-        o_lo = _round_to(acc_lo * inv[:, None], Out.dtype.element_ty, UPCAST)
-        tl.store(o_rows + dl[None, :], o_lo, mask=row_ok[:, None] & dl_ok[None, :])
+            o_lo = _round_to(acc_lo * inv[:, None], Out.dtype.element_ty, UPCAST)
+            tl.store(o_rows + dl[None, :], o_lo, mask=row_ok[:, None] & dl_ok[None, :])
 
 
 def launch_segmented(q, k, v, out, cu_seqlens, max_seqlen, scale, config=None) -> None:
+    """The short-segment launch, and the long one when ``max_seqlen`` allows long segments."""
     n_seg = cu_seqlens.shape[0] - 1
     hq, d = q.shape[1], q.shape[2]
-    cfg = dict(launch_config(d), **(config or {}))
     if max_seqlen == 0 or n_seg == 0:
         return
+    cfg = launch_config(config)
     d_hi, d_lo = head_dim_split(d)
-    grid = (triton.cdiv(max_seqlen, cfg["BLOCK_M"]), n_seg, hq)
-    segmented_attention_kernel[grid](
-        q, k, v, out, cu_seqlens,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), scale * LOG2E,
-        G=hq // k.shape[1], HEAD_DIM=d, D_HI=d_hi, D_LO=d_lo,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], UPCAST=triton_interpreter_active(),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
+    align = vector_align(q.element_size(), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
+                         *out.stride()[:2])  # fmt: skip
+    launches = [(False, min(max_seqlen, SHORT_SEGMENT))]
+    if max_seqlen > SHORT_SEGMENT:
+        launches.append((True, max_seqlen))
+    for long_class, longest in launches:
+        tiles = cfg["long" if long_class else "short"]
+        segmented_attention_kernel[(triton.cdiv(longest, tiles["BLOCK_M"]), n_seg, hq)](
+            q, k, v, out, cu_seqlens,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), scale * LOG2E,
+            G=hq // k.shape[1], HEAD_DIM=d, D_HI=d_hi, D_LO=d_lo,
+            BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"], UPCAST=triton_interpreter_active(),
+            ALIGN=align, LONG_CLASS=long_class, SHORT_MAX=SHORT_SEGMENT,
+            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+        )  # fmt: skip
 
 
 def _validate(q, k, v, cu_seqlens, max_seqlen, scale, out):

@@ -1,0 +1,101 @@
+"""Host side of the GQA tile kernels' geometry: tile classes, split sizes, the workspace layout.
+
+A row's (query, head) pairs are ``q_len * G`` tile rows. Rows with at most ``NARROW_ROWS`` of them
+(decode steps, small trees) run in 16-row tiles; larger rows (tree verification) run in the wide
+tiles, large enough for Hopper's warpgroup MMA. The class and the split size (``split_chunk``) are
+functions of the row's own query count and live extent, so a row's geometry (and its bits) never
+depend on the rest of the batch.
+
+Workspace (fp32, zero-filled once when created): per row ``slots`` partial slots of
+``(output[d], max, sum)`` per query head, then one int32 arrival counter per (row, KV head, tile).
+The last split program of a tile to arrive merges the partials and sets its counter back to zero,
+so the workspace is ready for the next call.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+
+NARROW_ROWS = 32
+NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+WIDE = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# Split rule: at least MIN_CHUNK keys, at most TARGET splits, at least KEYS_PER_ROW keys per tile
+# row (bounds the partial traffic: KEYS_PER_ROW / 4 times the K/V bytes of the split at d=128).
+SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4}
+MAX_DOUBLINGS = 20
+
+
+def geometry(config: dict | None = None) -> dict:
+    """The default geometry with ``config`` overrides (benchmark sweeps only: the defaults are the
+    contract's fixed geometry). Keys: ``narrow`` / ``wide`` / ``prefill`` (tile dicts, merged)
+    and the ``SPLITS`` keys."""
+    cfg = {"narrow": dict(NARROW), "wide": dict(WIDE), "prefill": dict(PREFILL), **SPLITS}
+    for key, val in (config or {}).items():
+        if isinstance(val, dict):
+            cfg[key] = {**cfg[key], **val}
+        else:
+            cfg[key] = val
+    return cfg
+
+
+def split_chunk(total: int, q_len: int, group: int, cfg: dict) -> int:
+    """Host mirror of the in-kernel split size (keys per split) of a row."""
+    need = max(cfg["KEYS_PER_ROW"] * q_len * group, -(-total // cfg["TARGET"]))
+    chunk = cfg["MIN_CHUNK"]
+    for _ in range(MAX_DOUBLINGS):
+        if chunk < need:
+            chunk *= 2
+    return chunk
+
+
+@functools.cache
+def _plan(capacity: int, q_max: int, group: int, min_chunk: int, target: int,
+          keys_per_row: int) -> tuple[int, int, int]:  # fmt: skip
+    cfg = {"MIN_CHUNK": min_chunk, "TARGET": target, "KEYS_PER_ROW": keys_per_row}
+    splits = {False: 1, True: 1}
+    slots = 1
+    for q in range(1, q_max + 1):
+        s = min(target, -(-capacity // split_chunk(1, q, group, cfg)))
+        wide = q * group > NARROW_ROWS
+        splits[wide] = max(splits[wide], s)
+        slots = max(slots, q * s)
+    return splits[False], splits[True], slots
+
+
+def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, int, int]:
+    """(most splits of a narrow row, of a wide row, partial slots per row)."""
+    return _plan(capacity, q_max, group, cfg["MIN_CHUNK"], cfg["TARGET"], cfg["KEYS_PER_ROW"])
+
+
+def counter_tiles(q_max: int, group: int, cfg: dict) -> int:
+    """Arrival counters per (row, KV head): one per tile of the finer class."""
+    return triton.cdiv(q_max * group, cfg["narrow"]["BLOCK_M"])
+
+
+def workspace_layout(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,
+                     capacity: int, cfg: dict) -> tuple[int, int, int]:  # fmt: skip
+    """(partial slots per row, fp32 elements of the partials, int32 counters)."""
+    _, _, slots = split_plan(capacity, q_max, q_heads // kv_heads, cfg)
+    partials = batch * slots * q_heads * (head_dim + 2)
+    return slots, partials, batch * kv_heads * counter_tiles(q_max, q_heads // kv_heads, cfg)
+
+
+def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,
+                    capacity: int, config: dict | None = None) -> int:  # fmt: skip
+    """fp32 elements of the workspace ``gqa_attention`` needs for these sizes (zero-fill it once
+    when creating it: the counters at its end must start at zero; every call leaves them so)."""
+    _, partials, counters = workspace_layout(batch, q_max, q_heads, kv_heads, head_dim, capacity,
+                                             geometry(config))  # fmt: skip
+    return partials + counters
+
+
+def vector_align(itemsize: int, *strides: int) -> int:
+    """Largest power-of-two element count (at most 16 bytes) dividing every stride: lets the
+    kernels issue 16-byte loads for head dims like 72 whose strides the JIT cannot prove aligned."""
+    align = max(1, 16 // itemsize)
+    while align > 1 and any(s % align for s in strides):
+        align //= 2
+    return align
