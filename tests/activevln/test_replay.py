@@ -82,6 +82,29 @@ def test_packed_prefill_replies_equal_padded(make_engine, tiny64, episodes):
         assert packed == padded, (budget, bs)
 
 
+def test_bucketed_graph_step_replies_equal_packed(make_engine, tiny64, episodes):
+    """cuda_graphs=True pads each step to its token and query buckets (on the CPU the bucketed step
+    runs eagerly): the padding tokens, the repeated non-live position and the padded verified
+    positions change no reply, greedy or sampled (same seeds), at batch sizes 1 and 3."""
+    for budget, bs, sample in ((0, 1, False), (16, 3, False), (8, 3, True)):
+        opts = dict(grammar_tree_budget=budget, batch_size=bs, constrain_to_grammar=True,
+                    packed_prefill=True, attention_kernel="gqa")  # fmt: skip
+        if sample:
+            opts.update(do_sample=True, temperature=0.8, top_p=0.9)
+        packed, _ = _replay(make_engine, tiny64, episodes, **opts)
+        bucketed, eng = _replay(make_engine, tiny64, episodes, cuda_graphs=True, **opts)
+        assert bucketed == packed, (budget, bs, sample)
+        assert eng.graphs is not None and eng.graphs.graphs  # the bucketed path ran
+
+
+def test_cuda_graphs_option_needs_packed_gqa():
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        preset("reference", cuda_graphs=True)
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        preset("reference", cuda_graphs=True, packed_prefill=True)
+    preset("reference", cuda_graphs=True, packed_prefill=True, attention_kernel="gqa")
+
+
 def test_packed_forward_matches_padded_and_writes_only_live_slots(tiny64):
     """The packed decoder forward: live tokens' hidden states and pool K/V as the padded forward's
     (float64), padded output slots zero, and no pool slot written past a row's live tokens."""

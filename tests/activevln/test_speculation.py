@@ -10,6 +10,8 @@ from flashrt_activevln.data import synthetic_episodes
 from flashrt_activevln.presets import preset
 from flashrt_activevln.speculation import (
     Sampling,
+    constrain,
+    greedy_choices,
     penalize,
     target_probs,
     verify_greedy,
@@ -99,9 +101,29 @@ def test_greedy_follows_argmax_path():
     logits[0, 2] = 5  # root -> tok 2 (node 0)
     logits[1, 5] = 5  # node 0 -> tok 5 (node 3)
     logits[4, 1] = 5  # node 3 -> tok 1: not drafted: the bonus
-    assert verify_greedy(logits, TOKENS, PARENTS) == ([0, 3], 1)
+    assert verify_greedy(greedy_choices(logits).tolist(), TOKENS, PARENTS) == ([0, 3], 1)
     logits[0, 2], logits[0, 3] = -1, 5  # root argmax undrafted: nothing accepted
-    assert verify_greedy(logits, TOKENS, PARENTS) == ([], 3)
+    assert verify_greedy(greedy_choices(logits).tolist(), TOKENS, PARENTS) == ([], 3)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_constrained_greedy_equals_masked_argmax(seed):
+    """The gathered argmax over allowed tokens picks what argmax over a -inf-masked vocabulary
+    picks, ties included (small integer logits make ties common); pad-only rows: unconstrained."""
+    g = torch.Generator().manual_seed(seed)
+    rows, vocab, width = 12, 40, 5
+    logits = torch.randint(-3, 3, (rows, vocab), generator=g).to(torch.float32)
+    allowed = torch.full((rows, width), -1, dtype=torch.long)
+    masked = logits.clone()
+    for r in range(rows):
+        n = int(torch.randint(0, width + 1, (), generator=g))
+        if n:
+            kids = torch.randperm(vocab, generator=g)[:n].sort().values
+            allowed[r, :n] = kids
+            masked[r] = float("-inf")
+            masked[r, kids] = logits[r, kids]
+    assert torch.equal(greedy_choices(logits, allowed), masked.argmax(-1))
+    assert torch.equal(constrain(logits, allowed), masked)
 
 
 def test_engine_tree_sampling_matches_plain_sampling(make_engine, tiny64):

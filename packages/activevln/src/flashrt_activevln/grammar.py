@@ -19,6 +19,8 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+import torch
+
 MOVES = ("move forward 25cm", "move forward 50cm", "move forward 75cm")
 TURN_DEGREES = {"r2r": (15, 30, 45), "rxr": (30, 60, 90)}
 MAX_PHRASES = 3
@@ -70,22 +72,34 @@ class Node:
     children: dict[int, Node] = field(default_factory=dict)
     count: int = 0
     terminal: bool = False
+    index: int = 0  # position in ``GrammarTrie.nodes`` (the root is 0)
 
 
 class GrammarTrie:
     def __init__(self, token_sequences: list[list[int]]):
         self.root = Node(token=-1, parent=None, depth=0)
-        self.size = 0
+        self.nodes = [self.root]
         for seq in token_sequences:
             node = self.root
             for t in seq:
                 nxt = node.children.get(t)
                 if nxt is None:
-                    nxt = Node(token=t, parent=node, depth=node.depth + 1)
+                    nxt = Node(token=t, parent=node, depth=node.depth + 1, index=len(self.nodes))
                     node.children[t] = nxt
-                    self.size += 1
+                    self.nodes.append(nxt)
                 node = nxt
             node.terminal = True
+        self.size = len(self.nodes) - 1
+
+    def children_table(self) -> torch.Tensor:
+        """int64 [nodes + 1, widest]: row ``node.index`` lists the node's child tokens ascending,
+        padded with -1; the last row is all -1 (for a reply that has left the grammar)."""
+        widest = max(len(n.children) for n in self.nodes)
+        table = torch.full((len(self.nodes) + 1, widest), -1, dtype=torch.long)
+        for n in self.nodes:
+            kids = sorted(n.children)
+            table[n.index, : len(kids)] = torch.tensor(kids, dtype=torch.long)
+        return table
 
     @classmethod
     def from_tokenizer(cls, tokenizer, dataset: str, eos_id: int) -> GrammarTrie:

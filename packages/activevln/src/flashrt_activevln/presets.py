@@ -15,6 +15,10 @@
 | ``packed_prefill`` | bool | faithful: norms, projections and MLP over the live tokens only, |
 |  |  | packed back to back (no work for padded slots or empty rows); attention |
 |  |  | over the padded view with per-row query lengths |
+| ``cuda_graphs`` | bool | the text step (packed forward, LM head, greedy choice) replayed from a |
+|  |  | CUDA graph per token bucket (needs packed_prefill and gqa; on a CPU the |
+|  |  | bucketed step runs eagerly): decode steps bit-identical to the eager |
+|  |  | step, prefill steps faithful (cuBLAS sees the bucket's row count) |
 | ``grammar_tree_budget`` | 0..256 | exact acceptance: greedy tokens identical to plain greedy up to the |
 |  |  | forward's float rounding (bitwise with batch-invariant kernels); sampling distribution |
 |  |  | unchanged |
@@ -43,6 +47,7 @@ class Options:
     rms_norm_kernel: bool = False
     gpu_preprocess: bool = False
     packed_prefill: bool = False
+    cuda_graphs: bool = False
     grammar_tree_budget: int = 0
     batch_size: int = 1
     constrain_to_grammar: bool = False
@@ -66,8 +71,14 @@ class Options:
             v = getattr(self, name)
             if v not in allowed:
                 raise ValueError(f"option {name}={v!r}: expected one of {list(allowed)}")
-        if not isinstance(self.packed_prefill, bool):
-            raise ValueError(f"option packed_prefill={self.packed_prefill!r}: expected a bool")
+        for name in ("packed_prefill", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"option {name}={getattr(self, name)!r}: expected a bool")
+        if self.cuda_graphs and not (self.packed_prefill and self.attention_kernel == "gqa"):
+            raise ValueError(
+                "option cuda_graphs=True needs packed_prefill=True and attention_kernel='gqa' "
+                "(the captured step is the packed forward over the pool kernel)"
+            )
         if (
             not isinstance(self.grammar_tree_budget, int)
             or not 0 <= self.grammar_tree_budget <= 256
@@ -95,7 +106,15 @@ class Options:
 PRESETS = {
     "reference": Options(),
     "fast": Options(
-        rms_norm_kernel=True, gpu_preprocess=True, grammar_tree_budget=32, batch_size=8
+        attention_kernel="gqa",
+        vision_kernel="segmented",
+        decode_linear="batch_invariant",
+        rms_norm_kernel=True,
+        gpu_preprocess=True,
+        packed_prefill=True,
+        cuda_graphs=True,
+        grammar_tree_budget=32,
+        batch_size=8,
     ),
 }
 

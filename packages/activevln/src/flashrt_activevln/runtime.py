@@ -21,10 +21,17 @@ import numpy as np
 import torch
 
 from flashrt_activevln.grammar import GrammarTrie, Node, parse_actions
+from flashrt_activevln.graphs import GRAPH_INPUTS, StepGraphs, buckets
 from flashrt_activevln.model import Ops, Qwen25VL
 from flashrt_activevln.presets import Options
 from flashrt_activevln.processor import ActiveVLNProcessor
-from flashrt_activevln.speculation import sample_plain, verify_greedy, verify_sample
+from flashrt_activevln.speculation import (
+    constrain,
+    greedy_choices,
+    sample_plain,
+    verify_greedy,
+    verify_sample,
+)
 from flashrt_activevln.staging import Staging
 
 
@@ -105,6 +112,8 @@ class Engine:
         self.staging = Staging(model.device)
         self.stats = Stats()
         self.on_reply = None  # optional callback(Reply)
+        self._children: torch.Tensor | None = None  # the trie's children table, on the device
+        self.graphs: StepGraphs | None = None  # captured text steps of the current pool
 
     @staticmethod
     def ops_for(options: Options) -> Ops:
@@ -121,7 +130,7 @@ class Engine:
 
     def capacity(self, episodes: list[Episode]) -> int:
         """KV slots per row: the longest episode (frames are assumed to share the first one's
-        size) plus one step's padded queries."""
+        size) plus one step's padded queries (rounded up to the graphs' query bucket)."""
         need, widest = 0, 0
         extra = self.opt.max_new_tokens + 2
         for ep in episodes:
@@ -130,14 +139,20 @@ class Engine:
             later = len(self.proc.turn(ep.instruction, False, h, w).ids)
             need = max(need, first + extra + (len(ep.frames) - 1) * (later + extra))
             widest = max(widest, first, later)
-        return need + widest + self.opt.grammar_tree_budget + 2
+        return need + buckets(1, widest + self.opt.grammar_tree_budget + 2, 1)[1]
 
     def release_row(self, row: int) -> None:
         """Called when a row's episode ends (a hook for tests)."""
 
-    def replay(self, episodes: list[Episode]) -> list[Reply]:
+    def replay(self, episodes: list[Episode], capacity: int | None = None) -> list[Reply]:
+        """Replays ``episodes`` over ``batch_size`` rows. The KV pool (and the CUDA graphs that
+        hold its addresses) is kept from the last replay when it has room for ``capacity`` slots
+        per row (default: what these episodes need)."""
         b = self.opt.batch_size
-        self.pool = self.model.new_pool(b, self.capacity(episodes))
+        need = capacity or self.capacity(episodes)
+        if self.pool is None or self.pool.capacity < need:
+            self.pool, self.graphs = None, None
+            self.pool = self.model.new_pool(b, need)
         queue = deque(enumerate(episodes))
         rows: list[_Row | None] = [None] * b
         out: list[Reply] = []
@@ -166,7 +181,6 @@ class Engine:
 
     def _step(self, rows: list[_Row | None], out: list[Reply]) -> None:
         dev = self.model.device
-        b = len(rows)
         t0 = time.perf_counter()
         turns, pix, grids = {}, [], []
         for r, row in enumerate(rows):
@@ -207,11 +221,68 @@ class Engine:
             chains.append(ids)
             chain_pos.append(pos)
             drafts.append(self._drafts(row))
+        host, verified = self._inputs(rows, turns, chains, chain_pos, drafts)
+        dv = self.staging.upload(host)  # the step's one host-to-device copy
+        embeds = self.model.embed(dv["ids"], image, dv["img"])
+        extent = int(host["lengths"].max()) + host["ids"].shape[1]  # from the host: no read
+        if self.opt.cuda_graphs:
+            if self.graphs is None:
+                children = self._allowed_table() if self.opt.constrain_to_grammar else None
+                self.graphs = StepGraphs(self.model, self.pool, len(host["verify"]), children,
+                                         greedy=not self.sampling.do_sample)  # fmt: skip
+            logits, choices = self.graphs.run(
+                embeds, {k: dv[k] for k in GRAPH_INPUTS if k in dv}, extent
+            )
+        else:
+            hidden = self.model.decode(
+                embeds, dv["pos"], self.pool, dv["lengths"], dv["vis"], dv.get("q_lens"),
+                extent, dv.get("live"),
+            )  # fmt: skip
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            logits = self.model.logits(flat[dv["verify"]])
+            choices = None
+            if not self.sampling.do_sample:
+                allowed = self._allowed(dv["after"]) if "after" in dv else None
+                choices = greedy_choices(logits, allowed)
+        self.stats.forwards += 1
+        if choices is not None:
+            choices = choices[:verified].tolist()  # the step's one host read
+        allowed = self._allowed(dv["after"]) if "after" in dv and choices is None else None
+        moves, at = [], 0
+        for r, row in enumerate(rows):
+            if row is not None:
+                n = 1 + len(drafts[r][0])
+                if choices is not None:
+                    picked = choices[at : at + n]
+                else:
+                    picked = logits[at : at + n]
+                    if allowed is not None:
+                        picked = constrain(picked, allowed[at : at + n])
+                moves.append(self._verify(r, row, chains[r], drafts[r], picked, out))
+                at += n
+        self.pool.commit(moves)
+        self._sync()
+        t3 = time.perf_counter()
+        s = self.stats.seconds
+        s["preprocess"] += t1 - t0
+        s["vision"] += t2 - t1
+        s["prefill" if turns else "decode"] += t3 - t2
+
+    def _inputs(self, rows, turns, chains, chain_pos, drafts) -> tuple[dict, int]:
+        """The step's host tensors (padded to the graph buckets with ``cuda_graphs``) and the
+        number of verified positions (each live row's last chain token and its nodes)."""
+        b = len(rows)
+        q_lens = [
+            len(c) + len(d[0]) if row else 0 for row, c, d in zip(rows, chains, drafts, strict=True)
+        ]
         q = max(len(c) + len(d[0]) for c, d in zip(chains, drafts, strict=True))
+        if self.opt.cuda_graphs:
+            tokens, q = buckets(sum(q_lens), q, b)
         ids_t = torch.zeros(b, q, dtype=torch.long)
         pos_t = torch.zeros(3, b, q, dtype=torch.long)
         vis = torch.eye(q, dtype=torch.bool).repeat(b, 1, 1)
         img_mask = torch.zeros(b, q, dtype=torch.bool)
+        verify, after = [], []
         for r, (chain, (nodes, parents)) in enumerate(zip(chains, drafts, strict=True)):
             c = len(chain)
             ids_t[r, :c] = torch.tensor(chain)
@@ -227,74 +298,58 @@ class Engine:
                 vis[r, j, :c] = True
                 if parent >= 0:
                     vis[r, j] |= vis[r, c + parent]
+            if rows[r] is not None:
+                verify += [r * q + c - 1] + [r * q + c + i for i in range(len(nodes))]
+                after += [rows[r].node] + nodes
         lengths = torch.tensor([row.length if row else 0 for row in rows], dtype=torch.long)
         host = {"ids": ids_t, "pos": pos_t, "lengths": lengths, "vis": vis, "img": img_mask}
+        verified = len(verify)
+        if self.opt.cuda_graphs:  # fixed verified count: every row's chain token and a full tree
+            verify += [0] * (b * (1 + self.opt.grammar_tree_budget) - verified)
+            after += [None] * (len(verify) - verified)
+        host["verify"] = torch.tensor(verify, dtype=torch.long)
+        if self.opt.constrain_to_grammar:
+            gone = len(self.trie.nodes)  # the table's unconstrained row
+            host["after"] = torch.tensor([gone if n is None else n.index for n in after])
         if self.opt.packed_prefill:  # live tokens per row; empty rows do no work at all
-            q_lens = torch.tensor(
-                [
-                    len(chain) + len(draft[0]) if row else 0
-                    for row, chain, draft in zip(rows, chains, drafts, strict=True)
-                ],
-                dtype=torch.long,
-            )
-            host["q_lens"] = q_lens
-            host["live"] = (torch.arange(q)[None] < q_lens[:, None]).reshape(-1).nonzero()[:, 0]
-        dv = self.staging.upload(host)  # the step's one host-to-device copy
-        hidden = self.model.decode(
-            self.model.embed(dv["ids"], image, dv["img"]),
-            dv["pos"],
-            self.pool,
-            dv["lengths"],
-            dv["vis"],
-            dv.get("q_lens"),
-            int(lengths.max()) + q,  # known on the host: no device read
-            dv.get("live"),
-        )
-        self.stats.forwards += 1
-        for r, row in enumerate(rows):
-            if row is not None:
-                self._verify(r, row, chains[r], drafts[r], hidden[r], out)
-        self._sync()
-        t3 = time.perf_counter()
-        s = self.stats.seconds
-        s["preprocess"] += t1 - t0
-        s["vision"] += t2 - t1
-        s["prefill" if turns else "decode"] += t3 - t2
+            lens = torch.tensor(q_lens, dtype=torch.long)
+            live = (torch.arange(q)[None] < lens[:, None]).reshape(-1).nonzero()[:, 0]
+            if self.opt.cuda_graphs and tokens > live.numel():  # one non-live position repeated
+                free = (torch.arange(q)[None] >= lens[:, None]).reshape(-1).nonzero()[0]
+                live = torch.cat([live, free.expand(tokens - live.numel())])
+            host["q_lens"] = lens
+            host["live"] = live
+        return host, verified
 
-    def _constrain(self, logits: torch.Tensor, nodes: list[Node | None]) -> torch.Tensor:
-        out = torch.full_like(logits, float("-inf"))
-        for i, n in enumerate(nodes):
-            if n is None or not n.children:
-                out[i] = logits[i]
-            else:
-                idx = torch.tensor(list(n.children), device=logits.device)
-                out[i, idx] = logits[i, idx]
-        return out
+    def _allowed_table(self) -> torch.Tensor:
+        """The trie's children table on the model's device (built once)."""
+        if self._children is None:
+            self._children = self.trie.children_table().to(self.model.device)
+        return self._children
 
-    def _verify(self, r, row: _Row, chain, draft, hidden, out) -> None:
+    def _allowed(self, after: torch.Tensor) -> torch.Tensor:
+        """[R, C] child tokens of each verified position's trie node (-1 pads)."""
+        return self._allowed_table()[after]
+
+    def _verify(self, r, row: _Row, chain, draft, picked, out) -> tuple[int, int, list[int]]:
+        """Acceptance for one row: ``picked`` is the greedy token list (after the root and each
+        node) or, when sampling, the rows' logits. Returns the row's KV move (row, first new
+        slot, accepted node indices) for ``KVPool.commit``."""
         nodes, parents = draft
         c = len(chain)
-        idx = torch.tensor([c - 1] + [c + i for i in range(len(nodes))], device=hidden.device)
-        logits = self.model.logits(hidden[idx])
-        if logits.dtype != torch.float64:
-            logits = logits.float()
-        if self.opt.constrain_to_grammar:
-            logits = self._constrain(logits, [row.node] + nodes)
         tokens = [n.token for n in nodes]
         row.history += chain
-        if self.sampling.do_sample:
-            if nodes:
-                acc, bonus = verify_sample(
-                    logits, tokens, parents, self.sampling, row.generator, row.history
-                )
-            else:
-                acc, bonus = [], sample_plain(logits[0], self.sampling, row.generator, row.history)
+        if not self.sampling.do_sample:
+            acc, bonus = verify_greedy(picked, tokens, parents)
+        elif nodes:
+            logits = picked if picked.dtype == torch.float64 else picked.float()
+            acc, bonus = verify_sample(
+                logits, tokens, parents, self.sampling, row.generator, row.history
+            )
         else:
-            acc, bonus = verify_greedy(logits, tokens, parents)
+            logits = picked if picked.dtype == torch.float64 else picked.float()
+            acc, bonus = [], sample_plain(logits[0], self.sampling, row.generator, row.history)
         start = row.length + c
-        self.pool.commit(
-            r, start, torch.tensor(acc, dtype=torch.long, device=hidden.device) + start
-        )
         row.length = start + len(acc)
         row.pos = row.next_pos + len(acc)
         row.forwards += 1
@@ -318,6 +373,7 @@ class Engine:
             done = True
         if done:
             self._finish(r, row, out)
+        return r, start, acc
 
     def _finish(self, r, row: _Row, out) -> None:
         body = [t for t in row.reply if t not in self.eos_set]

@@ -73,12 +73,35 @@ def children_lists(parents: list[int]) -> list[list[int]]:
     return ch
 
 
-def verify_greedy(
-    logits: torch.Tensor, tokens: list[int], parents: list[int]
-) -> tuple[list[int], int]:
-    """logits [N + 1, V] -> (accepted draft indices, bonus token)."""
+def greedy_choices(logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """The greedy token of every row of ``logits`` [R, V]. ``allowed`` [R, C] (token ids
+    ascending, -1 pads; a row of pads only is unconstrained): the argmax over a row's allowed
+    tokens, ties to the lowest id: the same token as the argmax of the logits with every other
+    entry set to -inf, without building that [R, V] mask."""
+    best = logits.argmax(-1)
+    if allowed is None:
+        return best
+    valid = allowed >= 0
+    vals = logits.gather(1, allowed.clamp(min=0)).masked_fill(~valid, float("-inf"))
+    pick = allowed.gather(1, vals.argmax(-1, keepdim=True))[:, 0]
+    return torch.where(valid.any(-1), pick, best)
+
+
+def constrain(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``logits`` [R, V] with every token outside a row's ``allowed`` [R, C] (-1 pads) set to
+    -inf; a row of pads only is left as it is (sampling's view of ``greedy_choices``' rule)."""
+    valid = allowed >= 0
+    v = logits.shape[-1]
+    keep = torch.zeros(logits.shape[0], v + 1, dtype=torch.bool, device=logits.device)
+    keep.scatter_(1, torch.where(valid, allowed, v), True)  # pads land in the extra column
+    keep = keep[:, :v] | ~valid.any(-1, keepdim=True)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def verify_greedy(best: list[int], tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """``best``: the greedy token after the root and after each of the N draft nodes (rows of
+    ``greedy_choices``) -> (accepted draft indices, bonus token)."""
     ch = children_lists(parents)
-    best = logits.argmax(-1).tolist()  # the one host read of the verification
     row, accepted = 0, []
     while True:
         nxt = next((c for c in ch[row] if tokens[c - 1] == best[row]), None)

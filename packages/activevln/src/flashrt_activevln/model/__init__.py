@@ -14,7 +14,8 @@ __all__ = ["KVPool", "Ops", "Qwen25VL", "VisionPlan", "mrope_positions"]
 
 
 class Qwen25VL:
-    """Weights (HF names) + config + the op choices; stateless apart from the weights."""
+    """Weights (HF names) + config + the op choices; stateless apart from the weights and a cache
+    of vision plans (per list of image grids: index tables and segment bounds on the device)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops | None = None):
         self.cfg = cfg
@@ -24,12 +25,16 @@ class Qwen25VL:
         self.w = weights
         self.dtype = weights["model.embed_tokens.weight"].dtype
         self.device = weights["model.embed_tokens.weight"].device
+        self._plans: dict[tuple, VisionPlan] = {}  # per list of image grids
 
     def new_pool(self, rows: int, capacity: int) -> KVPool:
         return KVPool(self.cfg.text, rows, capacity, self.dtype, self.device)
 
     def vision(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
-        plan = VisionPlan(self.cfg.vision, grids, self.device)
+        key = tuple(tuple(g) for g in grids)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = VisionPlan(self.cfg.vision, grids, self.device)
         return vision_forward(self.w, self.cfg.vision, pixel_values.to(self.device), plan, self.ops)
 
     def embed(

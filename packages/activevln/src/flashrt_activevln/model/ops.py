@@ -119,12 +119,14 @@ class Ops:
         v = v_layer[:, :extent].transpose(1, 2)
         return attention_reference(q, k, v, visible, scale).transpose(1, 2)
 
-    def attend_segments(self, q, k, v, bounds, scale):
-        """q/k/v [H, N, D]; full attention inside each [bounds[i], bounds[i+1])."""
+    def attend_segments(self, q, k, v, bounds, scale, cu=None):
+        """q/k/v [H, N, D]; full attention inside each [bounds[i], bounds[i+1]) (``cu``: the
+        bounds as an int32 device tensor, if the caller has it)."""
         if self.vision_attention == "segmented" and q.dtype in (torch.bfloat16, torch.float16):
             from flashrt_kernels.attention import segmented_attention
 
-            cu = torch.tensor(bounds, dtype=torch.int32, device=q.device)
+            if cu is None:
+                cu = torch.tensor(bounds, dtype=torch.int32, device=q.device)
             longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
             t = [x.transpose(0, 1).contiguous() for x in (q, k, v)]
             return segmented_attention(*t, cu, longest, scale=scale).transpose(0, 1)

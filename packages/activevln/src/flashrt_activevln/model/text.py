@@ -57,14 +57,23 @@ class KVPool:
         self.k[layer].scatter_(1, idx, k)
         self.v[layer].scatter_(1, idx, v)
 
-    def commit(self, row: int, start: int, sources: torch.Tensor) -> None:
-        """Incremental commit: copy the accepted new slots ``sources`` (ascending, all >= start)
-        to ``start, start + 1, ...`` of one row, in every layer; nothing else is touched."""
-        n = sources.numel()
-        dst = torch.arange(start, start + n, device=sources.device)
-        if n and not torch.equal(sources, dst):
-            self.k[:, row, start : start + n] = self.k[:, row, sources]
-            self.v[:, row, start : start + n] = self.v[:, row, sources]
+    def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
+        """Incremental commit of a step: for each ``(row, start, accepted)`` the accepted new slots
+        ``start + accepted[i]`` (ascending) move to ``start + i``, in every layer. Slots already in
+        place are not copied and nothing else is touched; all rows' moves are one gather and one
+        scatter (the gather completes first, so overlapping moves are safe)."""
+        rows, src, dst = [], [], []
+        for row, start, accepted in moves:
+            for i, a in enumerate(accepted):
+                if a != i:
+                    rows.append(row)
+                    src.append(start + a)
+                    dst.append(start + i)
+        if not rows:
+            return
+        r, s, d = torch.tensor([rows, src, dst]).to(self.k.device, non_blocking=True)
+        self.k[:, r, d] = self.k[:, r, s]
+        self.v[:, r, d] = self.v[:, r, s]
 
 
 def visibility(lengths: torch.Tensor, new_visible: torch.Tensor, extent: int) -> torch.Tensor:

@@ -66,6 +66,9 @@ class VisionPlan:
         self.unit_inverse = torch.argsort(unit_perm).to(device)
         self.window_bounds = win_bounds
         self.full_bounds = full_bounds
+        # the segment bounds as the segmented kernel takes them, uploaded once per plan
+        self.window_cu = torch.tensor(win_bounds, dtype=torch.int32, device=device)
+        self.full_cu = torch.tensor(full_bounds, dtype=torch.int32, device=device)
         hw = torch.cat(pos).to(device)[self.patch_perm]
         self.cos, self.sin = vision_cos_sin(hw, cfg.head_dim, cfg.rope_theta)
 
@@ -79,8 +82,8 @@ def vision_block(x, w, p, cfg: VisionConfig, plan: VisionPlan, full: bool, ops: 
     q = apply_vision_rope(q, plan.cos, plan.sin).transpose(0, 1)
     k = apply_vision_rope(k, plan.cos, plan.sin).transpose(0, 1)
     v = v.transpose(0, 1)
-    bounds = plan.full_bounds if full else plan.window_bounds
-    a = ops.attend_segments(q, k, v, bounds, cfg.head_dim**-0.5)
+    bounds, cu = (plan.full_bounds, plan.full_cu) if full else (plan.window_bounds, plan.window_cu)
+    a = ops.attend_segments(q, k, v, bounds, cfg.head_dim**-0.5, cu)
     a = a.transpose(0, 1).reshape(n, -1)
     x = x + ops.linear(a, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"])
     h = ops.norm(x, w[p + "norm2.weight"], 1e-6)

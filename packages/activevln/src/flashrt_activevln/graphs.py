@@ -1,0 +1,104 @@
+"""CUDA graphs of the text step, one per token bucket (the ``cuda_graphs`` option).
+
+A step's text work is the packed decoder forward over its live tokens (``packed_prefill``), the
+LM head over the verified positions and the greedy choice. Its shapes are the live token count
+``T``, the padded query count ``Q`` and the verified count ``R``; the graph for a step is the
+one of its buckets ``(T_b, Q_b)`` (``buckets``) with ``R`` padded to its fixed maximum
+(every row's chain token plus a full tree). The first step of a bucket runs the work once
+eagerly (compilation, library workspaces), captures it, and replays it; later steps of that
+bucket only copy their inputs into the graph's static buffers and replay.
+
+Padding: the extra ``T_b - T`` live-index entries all name one position that is not live (it
+exists whenever padding is needed, since ``T_b <= B * Q_b``), so they write K/V only past that
+row's live extent (never read) and the output at that position is unspecified; padded verified
+positions repeat position 0 and their choices are ignored. Graphs hold the addresses of the KV
+pool and of the model's weights, so they belong to one pool (``Engine`` drops them with it).
+On a CPU there is nothing to capture: the bucketed step runs eagerly (so the tests check the
+padding on the CPU reference path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashrt_activevln.model.ops import FEW_QUERIES
+from flashrt_activevln.speculation import greedy_choices
+
+TOKEN_BUCKET = 64
+GRAPH_INPUTS = ("pos", "lengths", "vis", "q_lens", "live", "verify", "after")
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def buckets(tokens: int, queries: int, rows: int) -> tuple[int, int]:
+    """(T_b, Q_b): queries to a power of two of at least ``FEW_QUERIES`` (so the few-query
+    kernels are chosen exactly as the eager step chooses them), tokens to a multiple of
+    ``TOKEN_BUCKET``, at most ``rows * Q_b``."""
+    q_b = max(FEW_QUERIES, next_pow2(queries))
+    t_b = -(-max(tokens, 1) // TOKEN_BUCKET) * TOKEN_BUCKET
+    return min(t_b, rows * q_b), q_b
+
+
+class _Graph:
+    def __init__(self, rows: int, queries: int, inputs: dict[str, torch.Tensor]):
+        self.rows, self.queries, self.inputs = rows, queries, inputs
+        self.graph = torch.cuda.CUDAGraph() if inputs["embeds"].is_cuda else None
+        self.logits: torch.Tensor | None = None
+        self.choices: torch.Tensor | None = None
+
+
+class StepGraphs:
+    """Captured text steps of one engine and one KV pool."""
+
+    def __init__(self, model, pool, max_verify: int, children: torch.Tensor | None, greedy: bool):
+        self.model, self.pool = model, pool
+        self.max_verify = max_verify
+        self.children = children  # the trie's children table on the device (constrained)
+        self.greedy = greedy
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.mempool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
+
+    def _work(self, g: _Graph, extent: int) -> None:
+        x, b, q_b = g.inputs, g.rows, g.queries
+        hidden = self.model.decode(
+            x["embeds"], x["pos"], self.pool, x["lengths"], x["vis"], x["q_lens"], extent,
+            x["live"],
+        )  # fmt: skip
+        g.logits = self.model.logits(hidden.reshape(b * q_b, -1)[x["verify"]])
+        if self.greedy:
+            allowed = None if self.children is None else self.children[x["after"]]
+            g.choices = greedy_choices(g.logits, allowed)
+
+    def run(self, embeds: torch.Tensor, dv: dict[str, torch.Tensor], extent: int):
+        """``embeds`` [B, Q_b, H] and the step's device inputs at bucket shapes (``dv``: pos,
+        lengths, vis, q_lens, live, verify, after) -> (logits [R_max, V], choices [R_max] or
+        None), static tensors valid until the next call."""
+        b, q_b = embeds.shape[:2]
+        key = (dv["live"].numel(), q_b)
+        g = self.graphs.get(key)
+        fresh = g is None
+        if fresh:
+            inputs = {k: torch.empty_like(v) for k, v in dv.items()}
+            inputs["embeds"] = torch.empty_like(embeds)
+            g = _Graph(b, q_b, inputs)
+        for k, v in dv.items():
+            g.inputs[k].copy_(v)
+        g.inputs["embeds"].copy_(embeds)
+        if embeds.device.type != "cuda":  # nothing to capture: the bucketed step runs eagerly
+            self.graphs[key] = g
+            self._work(g, extent)
+            return g.logits, g.choices
+        if fresh:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._work(g, extent)  # compiles kernels, warms the libraries
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(g.graph, pool=self.mempool):
+                self._work(g, extent)
+            self.graphs[key] = g
+        # (the eager run's K/V writes are the same values the replay writes again)
+        g.graph.replay()
+        return g.logits, g.choices

@@ -1,0 +1,81 @@
+"""CUDA graphs of the text step (``graphs.py``): a captured and replayed decode step gives the
+eager step's logits and greedy choices bit for bit (bf16, the fast kernels: batch-invariant
+linears and the pool attention kernel, whose bits depend on neither the padded query count nor
+the row count), for the capturing call and for a replay with other inputs."""
+
+import pytest
+import torch
+
+from flashrt_activevln.graphs import StepGraphs, buckets
+from flashrt_activevln.model import Qwen25VL
+from flashrt_activevln.model.ops import Ops
+
+pytestmark = pytest.mark.gpu
+
+
+def _step(cfg, b, q, seed):
+    g = torch.Generator().manual_seed(seed)
+    q_lens = torch.randint(1, q + 1, (b,), generator=g)
+    q_lens[0] = q
+    lengths = torch.randint(0, 40, (b,), generator=g)
+    ids = torch.randint(0, cfg.text.vocab_size, (b, q), generator=g)
+    pos = (lengths[:, None] + torch.arange(q))[None].expand(3, b, q).contiguous()
+    vis = torch.rand(b, q, q, generator=g) < 0.5
+    vis |= torch.eye(q, dtype=torch.bool)
+    vis &= torch.ones(q, q, dtype=torch.bool).tril()
+    return {"ids": ids, "pos": pos, "lengths": lengths, "vis": vis, "q_lens": q_lens}
+
+
+def _pad(x, q_b, tokens, max_verify):
+    """The step at bucket shapes, as ``Engine._inputs`` pads it."""
+    b, q = x["ids"].shape
+    ids = torch.zeros(b, q_b, dtype=torch.long)
+    ids[:, :q] = x["ids"]
+    pos = torch.zeros(3, b, q_b, dtype=torch.long)
+    pos[:, :, :q] = x["pos"]
+    vis = torch.eye(q_b, dtype=torch.bool).repeat(b, 1, 1)
+    vis[:, :q, :q] = x["vis"]
+    lens = x["q_lens"]
+    live = (torch.arange(q_b)[None] < lens[:, None]).reshape(-1).nonzero()[:, 0]
+    free = (torch.arange(q_b)[None] >= lens[:, None]).reshape(-1).nonzero()[0]
+    live = torch.cat([live, free.expand(tokens - live.numel())])
+    verify = [r * q_b + j for r in range(b) for j in range(int(lens[r]))]
+    verify += [0] * (max_verify - len(verify))
+    return {"ids": ids, "pos": pos, "lengths": x["lengths"], "vis": vis, "q_lens": lens,
+            "live": live, "verify": torch.tensor(verify)}  # fmt: skip
+
+
+def test_captured_decode_step_is_bit_identical_to_eager(tiny64):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    cfg, w64, _ = tiny64
+    w = {k: v.to(dev, torch.bfloat16) for k, v in w64.items()}
+    model = Qwen25VL(cfg, w, Ops(rms_norm="kernel", attention="gqa",
+                                 decode_linear="batch_invariant"))  # fmt: skip
+    b, q = 3, 9
+    pool = model.new_pool(b, 128)
+    torch.manual_seed(0)
+    pool.k.normal_()
+    pool.v.normal_()
+    max_verify = b * q
+    graphs = StepGraphs(model, pool, max_verify, None, greedy=True)
+    for seed in (1, 2):  # the capturing call, then a replay with other inputs
+        x = _step(cfg, b, q, seed)
+        tokens, q_b = buckets(int(x["q_lens"].sum()), q, b)
+        padded = {k: v.to(dev) for k, v in _pad(x, q_b, tokens, max_verify).items()}
+        k0, v0 = pool.k.clone(), pool.v.clone()
+        got_logits, got_choices = graphs.run(
+            model.embed(padded["ids"]), {k: v for k, v in padded.items() if k != "ids"}, 40 + q_b
+        )
+        pool.k.copy_(k0)
+        pool.v.copy_(v0)
+        e = {k: v.to(dev) for k, v in x.items()}
+        live = (torch.arange(q, device=dev)[None] < e["q_lens"][:, None]).reshape(-1)
+        live = live.nonzero()[:, 0]
+        hidden = model.decode(model.embed(e["ids"]), e["pos"], pool, e["lengths"], e["vis"],
+                              e["q_lens"], 40 + q, live)  # fmt: skip
+        want = model.logits(hidden.reshape(b * q, -1)[live])
+        n = live.numel()
+        assert torch.equal(got_logits[:n], want), seed
+        assert torch.equal(got_choices[:n], want.argmax(-1)), seed
