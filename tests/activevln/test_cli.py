@@ -31,3 +31,18 @@ def test_bench_path_random_weights_float32():
     assert n == 4 and same == n
     assert fast["decode_forwards_per_reply"] * 2 <= ref["decode_forwards_per_reply"]
     assert set(ref["ms_per_frame"]) == {"preprocess", "vision", "prefill", "decode"}
+
+
+def test_bench_runs_every_path_tiny_cpu():
+    from flashrt_activevln import bench
+
+    result = bench.run(
+        random_config="tiny", episodes=3, mean_frames=2, baseline_episodes=2, dtype="float32",
+        overrides={"batch_size": 2, "gpu_preprocess": False}, progress=False,
+    )  # fmt: skip
+    assert set(result["paths"]) == {"preset", "preset, B=1", "preset, no tree", "plain"}
+    same, n = result["identical"]["preset vs preset, no tree"]
+    assert n == result["paths"]["plain"]["frames"] and same == n
+    table = bench.rows(result)
+    assert [r["path"] for r in table] == ["preset", "preset, B=1", "preset, no tree", "plain"]
+    assert table[3]["x plain"] == "1.00"

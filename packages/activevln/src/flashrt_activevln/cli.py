@@ -4,8 +4,9 @@
 - ``demo``: tiny config, random checkpoint written to a temp folder and read back by the real
   loader, a few synthetic episodes, the ``fast`` preset against ``reference``;
 - ``replay --checkpoint DIR --data DIR --preset fast [--log FILE]``;
-- ``bench``: plain path (reference preset, B=1, no tree) and the chosen preset side by side on
-  a synthetic R2R-geometry replay; frames/s, ms per frame by stage, forwards per reply, agreement.
+- ``bench``: the chosen preset, the preset without the tree, the plain path (reference preset,
+  B=1, no tree) and optionally HF ``generate`` side by side on a synthetic R2R-geometry replay
+  (``bench.py``): frames/s, ms per frame by stage, forwards per reply, agreement.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def register(subparsers) -> None:
     bp.add_argument("--random-config", default="tiny", choices=["tiny", "3b"])
     bp.add_argument("--episodes", type=int, default=64)
     bp.add_argument("--mean-frames", type=int, default=64)
+    bp.add_argument(
+        "--baseline-episodes",
+        type=int,
+        default=4,
+        help="episodes the slower paths replay (plain, no tree, HF)",
+    )
     bp.add_argument("--preset", default="fast")
     bp.add_argument("--option", action="append", default=[], help="NAME=VALUE override")
     bp.add_argument("--dtype", default="bfloat16")
@@ -144,50 +151,28 @@ def _replay(args) -> int:
 
 
 def _bench(args) -> int:
-    from flashrt_activevln.data import synthetic_episodes
+    from flashrt_activevln import bench
     from flashrt_activevln.engine_setup import default_device
     from flashrt_kernels.benchmarking import markdown_table
 
-    episodes = synthetic_episodes(args.episodes, seed=0, mean_frames=args.mean_frames)
-    overrides = _parse_overrides(args.option)
-    overrides.setdefault("max_new_tokens", 24)
-    ref, fast, (same, n), _ = _compare(
-        args.checkpoint,
-        episodes,
-        args.device or default_device(),
-        args.dtype,
-        True,
-        fast_overrides=overrides,
+    result = bench.run(
+        checkpoint=args.checkpoint,
         random_config=args.random_config,
-        fast_preset=args.preset,
+        episodes=args.episodes,
+        mean_frames=args.mean_frames,
+        baseline_episodes=args.baseline_episodes,
+        preset_name=args.preset,
+        overrides=_parse_overrides(args.option),
+        dtype=args.dtype,
+        device=args.device or default_device(),
         hf=args.hf,
     )
-    rows = []
-    for name, s in (("plain (reference, B=1, no tree)", ref), (f"preset {args.preset}", fast)):
-        ms = s["ms_per_frame"]
-        rows.append(
-            {
-                "path": name,
-                "frames/s": f"{s['frames_per_second_wall']:.2f}",
-                "preprocess ms": f"{ms['preprocess']:.2f}",
-                "vision ms": f"{ms['vision']:.2f}",
-                "prefill ms": f"{ms['prefill']:.2f}",
-                "decode ms": f"{ms['decode']:.2f}",
-                "forwards/reply": f"{s['decode_forwards_per_reply']:.2f}",
-            }
-        )
-    print(markdown_table(rows))
-    print(f"identical replies: {same}/{n} frames")
-    if "hf_generate_ms_per_frame" in ref:
-        hf_ms = ref["hf_generate_ms_per_frame"]
-        fast_ms = 1000 / max(fast["frames_per_second_wall"], 1e-9)
-        print(
-            f"HF transformers generate, B=1: {hf_ms:.1f} ms/frame over {ref['hf_frames']} frames; "
-            f"preset {args.preset} {fast_ms:.1f} ms/frame ({hf_ms / fast_ms:.1f}x)"
-        )
+    print(markdown_table(bench.rows(result)))
+    for what, (same, n) in result["identical"].items():
+        print(f"identical replies, {what}: {same}/{n} frames")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"reference": ref, "fast": fast, "identical": [same, n]}, fh, indent=2)
+            json.dump(result, fh, indent=2)
     return 0
 
 

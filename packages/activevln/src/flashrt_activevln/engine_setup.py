@@ -72,7 +72,12 @@ class Progress:
 
 
 def run_replay(
-    engine: Engine, episodes: list[Episode], progress: bool = False, label: str = "", log=None
+    engine: Engine,
+    episodes: list[Episode],
+    progress: bool = False,
+    label: str = "",
+    log=None,
+    capacity: int | None = None,
 ):
     total = sum(len(e.frames) for e in episodes)
     bar = Progress(total, progress, label)
@@ -84,7 +89,7 @@ def run_replay(
 
     engine.on_reply = on_reply
     t0 = time.perf_counter()
-    replies = engine.replay(episodes)
+    replies = engine.replay(episodes, capacity)
     wall = time.perf_counter() - t0
     stats = engine.stats.as_dict()
     stats["wall_seconds"] = wall
