@@ -116,6 +116,8 @@ def rows(result: dict) -> list[dict]:
             row[stage] = f"{v:.2f}"
         if "decode_forwards_per_reply" in s:
             row["forwards/reply"] = f"{s['decode_forwards_per_reply']:.2f}"
+        if s.get("graph_captures"):  # new buckets captured inside the timed replay
+            row["graphs (s)"] = f"{s['graph_captures']} ({s['capture_seconds']:.2f})"
         row["x plain"] = f"{plain_ms / ms:.2f}"
         if hf_ms is not None:
             row["x HF"] = f"{hf_ms / ms:.2f}"

@@ -19,6 +19,8 @@ padding on the CPU reference path).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from flashrt_activevln.model.ops import FEW_QUERIES
@@ -35,9 +37,14 @@ def next_pow2(x: int) -> int:
 def buckets(tokens: int, queries: int, rows: int) -> tuple[int, int]:
     """(T_b, Q_b): queries to a power of two of at least ``FEW_QUERIES`` (so the few-query
     kernels are chosen exactly as the eager step chooses them), tokens to a multiple of
-    ``TOKEN_BUCKET``, at most ``rows * Q_b``."""
+    ``TOKEN_BUCKET`` (of twice that past 8 of them, four times past 16: at most 1/8 padding and
+    few graphs), at most ``rows * Q_b``."""
     q_b = max(FEW_QUERIES, next_pow2(queries))
-    t_b = -(-max(tokens, 1) // TOKEN_BUCKET) * TOKEN_BUCKET
+    tokens = max(tokens, 1)
+    step = TOKEN_BUCKET * (
+        1 if tokens <= 8 * TOKEN_BUCKET else 2 if tokens <= 16 * TOKEN_BUCKET else 4
+    )
+    t_b = -(-tokens // step) * step
     return min(t_b, rows * q_b), q_b
 
 
@@ -58,6 +65,7 @@ class StepGraphs:
         self.children = children  # the trie's children table on the device (constrained)
         self.greedy = greedy
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.capture_seconds = 0.0  # eager first runs and captures of new buckets
         self.mempool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
 
     def _work(self, g: _Graph, extent: int) -> None:
@@ -91,6 +99,7 @@ class StepGraphs:
             self._work(g, extent)
             return g.logits, g.choices
         if fresh:
+            t0 = time.perf_counter()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -99,6 +108,8 @@ class StepGraphs:
             with torch.cuda.graph(g.graph, pool=self.mempool):
                 self._work(g, extent)
             self.graphs[key] = g
+            torch.cuda.synchronize()
+            self.capture_seconds += time.perf_counter() - t0
         # (the eager run's K/V writes are the same values the replay writes again)
         g.graph.replay()
         return g.logits, g.choices

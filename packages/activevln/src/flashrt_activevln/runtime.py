@@ -75,6 +75,8 @@ class Stats:
     frames: int = 0
     replies_forwards: int = 0
     forwards: int = 0
+    graph_captures: int = 0  # new CUDA graphs (``cuda_graphs``) and the seconds they took
+    capture_seconds: float = 0.0
     seconds: dict = field(
         default_factory=lambda: {"preprocess": 0.0, "vision": 0.0, "prefill": 0.0, "decode": 0.0}
     )
@@ -88,6 +90,8 @@ class Stats:
             "decode_forwards_per_reply": self.replies_forwards / fr,
             "frames_per_second": self.frames / total if total else 0.0,
             "ms_per_frame": {k: 1000 * v / fr for k, v in self.seconds.items()},
+            "graph_captures": self.graph_captures,
+            "capture_seconds": self.capture_seconds,
         }
 
 
@@ -230,9 +234,12 @@ class Engine:
                 children = self._allowed_table() if self.opt.constrain_to_grammar else None
                 self.graphs = StepGraphs(self.model, self.pool, len(host["verify"]), children,
                                          greedy=not self.sampling.do_sample)  # fmt: skip
+            before = (len(self.graphs.graphs), self.graphs.capture_seconds)
             logits, choices = self.graphs.run(
                 embeds, {k: dv[k] for k in GRAPH_INPUTS if k in dv}, extent
             )
+            self.stats.graph_captures += len(self.graphs.graphs) - before[0]
+            self.stats.capture_seconds += self.graphs.capture_seconds - before[1]
         else:
             hidden = self.model.decode(
                 embeds, dv["pos"], self.pool, dv["lengths"], dv["vis"], dv.get("q_lens"),
