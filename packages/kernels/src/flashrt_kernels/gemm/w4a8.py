@@ -2,9 +2,23 @@
 integer group scales (Marlin's arithmetic), also the INT4 LM head (padded vocabulary).
 
 ``y[m, n] = fp32(sum_g s16[n, g] * sum_{k in g} xq[m, k] * (q[n, k] - z[n, g])) *
-fp32(xs[m] * gfactor)``, rounded to bf16. The inner sums are int32 tensor-core dots, the outer sum
-int64: every tile and split choice gives the same integers, so the contract is ``exact`` against
-``reference.w4a8_linear`` (and hence batch-invariant).
+fp32(xs[m] * gfactor)``, rounded to bf16. Every step below is integer arithmetic with no rounding
+and no overflow, so any tile or split choice gives the same integers: the contract is ``exact``
+against ``reference.w4a8_linear`` (and hence batch-invariant).
+
+The nibbles are never unpacked one by one: on a weight byte ``b`` (low nibble ``q0``, even k; high
+nibble ``q1``, odd k) the kernel forms two int8 operands with one bitwise op per four bytes,
+``b & 15 = q0`` and ``(b & 0xF0) ^ 0x80 = 16 q1 - 128``, and the zero point enters as two more
+int8 dots against the constant columns ``-z`` (even k) and ``8 - z`` (odd k). With ``xe`` / ``xo``
+the even / odd activations of a group (int32 tensor-core dots)::
+
+    lo = xe.(q0 - z) + 8 sum(xo) - z sum(xo)        (three dots into one accumulator)
+    hi = xo.(16 q1 - 128) = 16 xo.q1 - 128 sum(xo)
+    16 lo + hi = 16 (xe.(q0 - z) + xo.(q1 - z)) = 16 * group dot
+
+so ``sum_g s16 * (16 lo + hi)`` (int64) is 16 times the reference's group sum, and a shift by 4
+gives it back exactly. Bounds: a group dot is below 2**18, ``16 lo + hi`` below 2**22, times s16
+(< 2**13) below 2**35, summed over at most 2**14 groups below 2**49.
 
 The activations come either quantized (``xq`` int8, ``xs`` fp32, e.g. from
 ``quant.rms_norm_quantize``) or as bf16 rows quantized in the GEMM prologue with
@@ -34,18 +48,19 @@ def _split(k: int, n: int, block_n: int, programs: int) -> int:
     return max(1, min(k // 512, triton.cdiv(programs, triton.cdiv(n, block_n))))
 
 
+def _shape(block_n: int, programs: int, warps: int, stages: int):
+    return lambda k, n: {"BLOCK_N": block_n, "SPLIT_K": _split(k, n, block_n, programs),
+                         "num_warps": warps, "num_stages": stages}  # fmt: skip
+
+
 # Named launch shapes (any choice gives the same integers). The benchmark times all of them;
 # DEFAULT is the one measured fastest on the H200.
 CANDIDATES = {
-    "n32_p264": lambda k, n: {"BLOCK_N": 32, "SPLIT_K": _split(k, n, 32, 264), "num_warps": 4,
-                              "num_stages": 4},
-    "n64_p264": lambda k, n: {"BLOCK_N": 64, "SPLIT_K": _split(k, n, 64, 264), "num_warps": 4,
-                              "num_stages": 4},
-    "n64_p528_w8": lambda k, n: {"BLOCK_N": 64, "SPLIT_K": _split(k, n, 64, 528),
-                                 "num_warps": 8, "num_stages": 3},
-    "n128_p264_w8": lambda k, n: {"BLOCK_N": 128, "SPLIT_K": _split(k, n, 128, 264),
-                                  "num_warps": 8, "num_stages": 3},
-}  # fmt: skip
+    "n64_p264_w4": _shape(64, 264, 4, 4),
+    "n128_p264_w4": _shape(128, 264, 4, 4),
+    "n128_p264_w8": _shape(128, 264, 8, 3),
+    "n256_p264_w8": _shape(256, 264, 8, 3),
+}
 DEFAULT = "n128_p264_w8"
 
 
@@ -54,78 +69,84 @@ def launch_config(k: int, n: int) -> dict:
 
 
 @triton.jit
+def _quantize_group(X, rows, row_ok, kk, stride_x, inv):
+    """The prologue's INT8 codes of one 128-wide group of bf16 rows (quantize_rows' arithmetic)."""
+    xa = tl.load(X + rows[:, None] * stride_x + (kk + tl.arange(0, 128))[None, :],
+                 mask=row_ok[:, None], other=0.0)  # fmt: skip
+    v = tl.minimum(tl.maximum(to_f32(xa) * inv[:, None], -127.0), 127.0)
+    return rne_small(v).to(tl.int8)
+
+
+@triton.jit
 def _w4a8_kernel(
-    X, XQ, XS, QW, Z, S16, G, Y, P, m, n_out, k, stride_x, stride_xq, stride_y,
-    PROLOGUE: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    X, XQ, XS, QW, Z, S16, G, Y, P, m, n_out, n_pad, k, split, stride_x, stride_xq, stride_w,
+    stride_y, PROLOGUE: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * 16 + tl.arange(0, 16)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok, col_ok = rows < m, cols < n_out
-    half = tl.arange(0, 64)
+    row_ok, w_ok = rows < m, cols < n_pad
     groups = k // 128
-    g_per = tl.cdiv(groups, SPLIT_K)
+    g_per = tl.cdiv(groups, split)
     g0 = pid_s * g_per
     g1 = tl.minimum(g0 + g_per, groups)
     if PROLOGUE:
-        amax = tl.zeros((16,), dtype=tl.float32)
+        amax_cols = tl.zeros((16, 128), dtype=tl.float32)
         for kk in range(0, k, 128):
-            kx = kk + tl.arange(0, 128)
-            xa = tl.load(
-                X + rows[:, None] * stride_x + kx[None, :], mask=row_ok[:, None], other=0.0
-            )
-            amax = tl.maximum(amax, tl.max(tl.abs(to_f32(xa)), axis=1))
-        amax = tl.maximum(amax, 7.888609052210118e-31)
+            xa = tl.load(X + rows[:, None] * stride_x + (kk + tl.arange(0, 128))[None, :],
+                         mask=row_ok[:, None], other=0.0)  # fmt: skip
+            amax_cols = tl.maximum(amax_cols, tl.abs(to_f32(xa)))
+        amax = tl.maximum(tl.max(amax_cols, axis=1), 7.888609052210118e-31)
         inv = tl.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax)
         xs = tl.div_rn(amax, 127.0)
     else:
         xs = tl.load(XS + rows, mask=row_ok, other=0.0)
     total = tl.zeros((16, BLOCK_N), dtype=tl.int64)
     for g in range(g0, g1):
-        ke = g * 128 + 2 * half
         if PROLOGUE:
-            xp = X + rows[:, None] * stride_x + ke[None, :]
-            ve = to_f32(tl.load(xp, mask=row_ok[:, None], other=0.0)) * inv[:, None]
-            vo = to_f32(tl.load(xp + 1, mask=row_ok[:, None], other=0.0)) * inv[:, None]
-            xe = rne_small(tl.minimum(tl.maximum(ve, -127.0), 127.0)).to(tl.int8)
-            xo = rne_small(tl.minimum(tl.maximum(vo, -127.0), 127.0)).to(tl.int8)
+            xg = _quantize_group(X, rows, row_ok, g * 128, stride_x, inv)
         else:
-            xp = XQ + rows[:, None] * stride_xq + ke[None, :]
-            xe = tl.load(xp, mask=row_ok[:, None], other=0)
-            xo = tl.load(xp + 1, mask=row_ok[:, None], other=0)
-        wb = tl.load(QW + cols[:, None] * (k // 2) + (g * 64 + half)[None, :], mask=col_ok[:, None],
-                     other=0)  # fmt: skip
-        z = tl.load(Z + cols * groups + g, mask=col_ok, other=0).to(tl.int8)
-        we = (wb & 15).to(tl.int8) - z[:, None]
-        wo = (wb >> 4).to(tl.int8) - z[:, None]
-        acc = tl.dot(xe, tl.trans(we), out_dtype=tl.int32)
-        acc = tl.dot(xo, tl.trans(wo), acc, out_dtype=tl.int32)
-        s = tl.load(S16 + cols * groups + g, mask=col_ok, other=0).to(tl.int64)
-        total += acc.to(tl.int64) * s[None, :]
-    mask = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K > 1:
+            xg = tl.load(XQ + rows[:, None] * stride_xq + (g * 128 + tl.arange(0, 128))[None, :],
+                         mask=row_ok[:, None], other=0)  # fmt: skip
+        xe, xo = tl.split(tl.reshape(xg, (16, 64, 2)))
+        wb = tl.load(QW + cols[:, None] * stride_w + (g * 64 + tl.arange(0, 64))[None, :],
+                     mask=w_ok[:, None], other=0)  # fmt: skip
+        z = tl.load(Z + cols * groups + g, mask=w_ok, other=0).to(tl.int8)
+        s = tl.load(S16 + cols * groups + g, mask=w_ok, other=0).to(tl.int64)
+        lo = (wb & 15).to(tl.int8, bitcast=True)
+        hi = ((wb & 0xF0) ^ 0x80).to(tl.int8, bitcast=True)
+        acc = tl.dot(xe, tl.broadcast_to(-z[None, :], (64, BLOCK_N)), out_dtype=tl.int32)
+        acc = tl.dot(xo, tl.broadcast_to(8 - z[None, :], (64, BLOCK_N)), acc, out_dtype=tl.int32)
+        acc = tl.dot(xe, tl.trans(lo), acc, out_dtype=tl.int32)
+        acc_hi = tl.dot(xo, tl.trans(hi), out_dtype=tl.int32)
+        total += (acc * 16 + acc_hi).to(tl.int64) * s[None, :]
+    mask = row_ok[:, None] & (cols < n_out)[None, :]
+    if PARTIAL:
         tl.store(P + pid_s * m * n_out + rows[:, None] * n_out + cols[None, :], total, mask=mask)
         if PROLOGUE:  # every split writes the same scales
             tl.store(XS + rows, xs, mask=row_ok)
     else:
-        tscale = xs * tl.load(G)
-        y = total.to(tl.float32) * tscale[:, None]
-        tl.store(Y + rows[:, None] * stride_y + cols[None, :], cast_rne(y, tl.bfloat16), mask=mask)
+        _store_rows(total, xs * tl.load(G), Y, rows, cols, mask, stride_y)
 
 
 @triton.jit
-def _w4a8_reduce_kernel(P, XS, G, Y, m, n_out, stride_y, SPLIT_K: tl.constexpr,
-                        BLOCK_N: tl.constexpr):  # fmt: skip
+def _store_rows(total16, tscale, Y, rows, cols, mask, stride_y):
+    """bf16 of fp32(total) * fp32(xs * gfactor), ``total16`` being 16 times the group sum."""
+    y = (total16 >> 4).to(tl.float32) * tscale[:, None]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], cast_rne(y, tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _w4a8_reduce_kernel(P, XS, G, Y, m, n_out, split, stride_y, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0) * 16 + tl.arange(0, 16)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < m)[:, None] & (cols < n_out)[None, :]
     base = P + rows[:, None] * n_out + cols[None, :]
     total = tl.load(base, mask=mask, other=0)
-    for s in tl.static_range(1, SPLIT_K):
+    for s in range(1, split):
         total += tl.load(base + s * m * n_out, mask=mask, other=0)
     tscale = tl.load(XS + rows, mask=rows < m, other=0.0) * tl.load(G)
-    y = total.to(tl.float32) * tscale[:, None]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], cast_rne(y, tl.bfloat16), mask=mask)
+    _store_rows(total, tscale, Y, rows, cols, mask, stride_y)
 
 
 def _validate(x, xq, xs, w, out):
@@ -182,13 +203,13 @@ def w4a8_linear(x=None, weight: Int4Weight = None, *, xq=None, xs=None, out=None
     _w4a8_kernel[grid](
         x if prologue else xq, xq if xq is not None else x, xs if xs is not None else out,
         weight.qweight, weight.zeros, weight.s16, weight.gfactor, out, part,
-        m, n, weight.in_features, x.stride(0) if prologue else 0,
-        xq.stride(0) if xq is not None else 0, out.stride(0),
-        PROLOGUE=prologue, SPLIT_K=split, enable_fp_fusion=False, **cfg,
+        m, n, weight.qweight.shape[0], weight.in_features, split, x.stride(0) if prologue else 0,
+        xq.stride(0) if xq is not None else 0, weight.qweight.stride(0), out.stride(0),
+        PROLOGUE=prologue, PARTIAL=split > 1, enable_fp_fusion=False, **cfg,
     )  # fmt: skip
     if split > 1:
         _w4a8_reduce_kernel[grid[:2]](
-            part, xs, weight.gfactor, out, m, n, out.stride(0), SPLIT_K=split, BLOCK_N=bn,
+            part, xs, weight.gfactor, out, m, n, split, out.stride(0), BLOCK_N=bn,
             num_warps=4,
         )  # fmt: skip
     return out
