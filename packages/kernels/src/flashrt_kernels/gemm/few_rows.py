@@ -5,10 +5,11 @@ scales), gate|up with the SwiGLU epilogue, q|k|v in one launch.
 accumulation.
 
 Contracts:
-- batch invariance (``exact``): rows are tiled by a fixed 16 and K is walked in one fixed order
-  (tiles of ``BLOCK_K`` in sequence, then, for a K-dependent split, the partial sums added in split
-  order); nothing depends on M, so row r is bit-identical for every M; the launch shape depends on K
-  alone, so columns are bit-identical for every N (q|k|v fused == separate, gate|up fused ==
+- batch invariance (``exact``): rows are tiled by a fixed 16 (a program takes 1, 2 or 4 such tiles
+  as the batches of one dot, sharing the weight tile) and K is walked in one fixed order (tiles of
+  ``BLOCK_K`` in sequence, then, for a K-dependent split, the partial sums added in split order);
+  nothing depends on M, so row r is bit-identical for every M; the split depends on K alone, so
+  columns are bit-identical for every N (q|k|v fused == separate, gate|up fused ==
   separate projections followed by ``quant.silu_mul``);
 - against ``reference.linear`` (float64 products): ``faithful``, |y - y_ref| <= 2**-8 |y_ref| +
   K * 2**-22 * sum_k |x_k w_k scale| (fp32 accumulation in another order plus the output rounding).
@@ -40,8 +41,6 @@ def _split(k: int, at4096: int, at8192: int, at2048: int = 1) -> int:
 CANDIDATES = {
     "n32_k128": lambda k: {"BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": _split(k, 1, 4),
                            "num_warps": 4, "num_stages": 4},
-    "n16_k128": lambda k: {"BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": _split(k, 2, 4),
-                           "num_warps": 4, "num_stages": 4},
     "n64_k128": lambda k: {"BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": _split(k, 4, 8, 2),
                            "num_warps": 4, "num_stages": 4},
     "n32_k256": lambda k: {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": _split(k, 2, 4),
@@ -50,53 +49,84 @@ CANDIDATES = {
 DEFAULT = "n32_k128"
 
 
+def row_tiles_for(m: int) -> int:
+    """16-row tiles per program (1, 2 or 4): they share each weight tile, so M = 64 reads the
+    weights once; the bits do not depend on it (each tile is its own batch of the dot)."""
+    return 1 if m <= BLOCK_M else 2 if m <= 2 * BLOCK_M else 4
+
+
 def launch_config(k: int) -> dict:
     """Tile and split choice: a function of K only (never of M or N)."""
     return CANDIDATES[DEFAULT](k)
 
 
 @triton.jit
+def _load_tiles(X, W, rows, cols, m, n_rows_w, k0, kk, k_len, stride_x, stride_w,
+                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """The activation tile [rows, BLOCK_K] and the weight tile, transposed to [BLOCK_K, cols],
+    in the dot's input dtype."""
+    ks = kk + tl.arange(0, BLOCK_K)
+    k_ok = ks < k_len
+    a = tl.load(X + rows[:, None] * stride_x + (k0 + ks)[None, :],
+                mask=(rows < m)[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+    b = tl.load(W + cols[:, None] * stride_w + (k0 + ks)[None, :],
+                mask=(cols < n_rows_w)[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+    if UPCAST:
+        return to_f32(a), tl.trans(to_f32(b))
+    return a, tl.trans(b.to(tl.bfloat16))
+
+
+@triton.jit
+def _mma(a, b, acc, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _dot_columns(X, W, rows, cols, m, n_rows_w, k0, k_len, stride_x, stride_w,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    ks = tl.arange(0, BLOCK_K)
-    row_ok = rows < m
-    col_ok = cols < n_rows_w
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TILES: tl.constexpr,
+                 UPCAST: tl.constexpr):  # fmt: skip
+    """fp32 [ROW_TILES * 16, BLOCK_N] dots. Several 16-row tiles share each weight tile as the
+    batches of one dot: every tile runs the same mma instructions in the same K order as a lone
+    16-row tile (which keeps the plain 2D dot: Triton compiles it leaner)."""
+    if ROW_TILES == 1:
+        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        for kk in range(0, k_len, BLOCK_K):
+            a, b = _load_tiles(X, W, rows, cols, m, n_rows_w, k0, kk, k_len, stride_x, stride_w,
+                               BLOCK_K, UPCAST)  # fmt: skip
+            acc = _mma(a, b, acc, UPCAST)
+        return acc
+    acc3 = tl.zeros((ROW_TILES, 16, BLOCK_N), dtype=tl.float32)
     for kk in range(0, k_len, BLOCK_K):
-        k = k0 + kk + ks
-        k_ok = (kk + ks) < k_len
-        a = tl.load(X + rows[:, None] * stride_x + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0)  # fmt: skip
-        b = tl.load(W + cols[:, None] * stride_w + k[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                    other=0.0)  # fmt: skip
-        if UPCAST:
-            acc = tl.dot(to_f32(a), tl.trans(to_f32(b)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(b.to(tl.bfloat16)), acc)
-    return acc
+        a, b = _load_tiles(X, W, rows, cols, m, n_rows_w, k0, kk, k_len, stride_x, stride_w,
+                           BLOCK_K, UPCAST)  # fmt: skip
+        a3 = tl.reshape(a, (ROW_TILES, 16, BLOCK_K))
+        acc3 = _mma(a3, tl.broadcast_to(b[None, :, :], (ROW_TILES, BLOCK_K, BLOCK_N)), acc3, UPCAST)
+    return tl.reshape(acc3, (ROW_TILES * 16, BLOCK_N))
 
 
 @triton.jit
 def _few_rows_kernel(
-    X, W, WS, Y, P, m, n_out, k, stride_x, stride_w, stride_y,
-    HAS_SCALE: tl.constexpr, GATE_UP: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    X, W, WS, Y, P, m, n_out, k, split, stride_x, stride_w, stride_y,
+    HAS_SCALE: tl.constexpr, GATE_UP: tl.constexpr, PARTIAL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TILES: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = pid_m * 16 + tl.arange(0, 16)
+    rows = pid_m * 16 * ROW_TILES + tl.arange(0, 16 * ROW_TILES)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_len = tl.cdiv(tl.cdiv(k, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_len = tl.cdiv(tl.cdiv(k, split), BLOCK_K) * BLOCK_K
     k0 = pid_s * k_len
     k_len = tl.minimum(k_len, k - k0)
     n_w = 2 * n_out if GATE_UP else n_out
     acc = _dot_columns(X, W, rows, cols, m, n_out, k0, k_len, stride_x, stride_w,
-                       BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
+                       BLOCK_N, BLOCK_K, ROW_TILES, UPCAST)  # fmt: skip
     acc_up = acc
     if GATE_UP:
         acc_up = _dot_columns(X, W + n_out * stride_w, rows, cols, m, n_out, k0, k_len,
-                              stride_x, stride_w, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
+                              stride_x, stride_w, BLOCK_N, BLOCK_K, ROW_TILES, UPCAST)  # fmt: skip
     mask = (rows < m)[:, None] & (cols < n_out)[None, :]
-    if SPLIT_K > 1:
+    if PARTIAL:
         # fp32 partials [split, (gate|up,) m, n_w]; the reduce kernel adds them in split order
         base = P + pid_s * m * n_w + rows[:, None] * n_w + cols[None, :]
         tl.store(base, acc, mask=mask)
@@ -123,8 +153,8 @@ def _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y,
 
 
 @triton.jit
-def _split_reduce_kernel(P, WS, Y, m, n_out, stride_y, HAS_SCALE: tl.constexpr,
-                         GATE_UP: tl.constexpr, SPLIT_K: tl.constexpr,
+def _split_reduce_kernel(P, WS, Y, m, n_out, split, stride_y, HAS_SCALE: tl.constexpr,
+                         GATE_UP: tl.constexpr,
                          BLOCK_N: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * 16 + tl.arange(0, 16)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,7 +165,7 @@ def _split_reduce_kernel(P, WS, Y, m, n_out, stride_y, HAS_SCALE: tl.constexpr,
     acc_up = acc
     if GATE_UP:
         acc_up = tl.load(base + n_out, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
+    for s in range(1, split):
         acc += tl.load(base + s * m * n_w, mask=mask, other=0.0)
         if GATE_UP:
             acc_up += tl.load(base + s * m * n_w + n_out, mask=mask, other=0.0)
@@ -149,21 +179,22 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
     cfg = dict(config or launch_config(k))
     split, bn = cfg.pop("SPLIT_K"), cfg["BLOCK_N"]
     stages = cfg.pop("num_stages")
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n_out, bn), split)
+    row_tiles = row_tiles_for(m)
+    grid = (triton.cdiv(m, BLOCK_M * row_tiles), triton.cdiv(n_out, bn), split)
     n_w = 2 * n_out if gate_up else n_out
     part = torch.empty(split, m, n_w, dtype=torch.float32, device=x.device) if split > 1 else y
     has_scale = w_scale is not None
     ws = w_scale if has_scale else y
     kernel_kwargs = {"num_stages": stages, "enable_fp_fusion": False}
     _few_rows_kernel[grid](
-        x, w, ws, y, part, m, n_out, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_SCALE=has_scale, GATE_UP=gate_up, SPLIT_K=split,
+        x, w, ws, y, part, m, n_out, k, split, x.stride(0), w.stride(0), y.stride(0),
+        HAS_SCALE=has_scale, GATE_UP=gate_up, PARTIAL=split > 1, ROW_TILES=row_tiles,
         UPCAST=triton_interpreter_active() or x.device.type == "cpu", **cfg, **kernel_kwargs,
     )  # fmt: skip
     if split > 1:
-        _split_reduce_kernel[grid[:2]](
-            part, ws, y, m, n_out, y.stride(0), HAS_SCALE=has_scale, GATE_UP=gate_up,
-            SPLIT_K=split, BLOCK_N=bn, num_warps=4, enable_fp_fusion=False,
+        _split_reduce_kernel[(triton.cdiv(m, BLOCK_M), grid[1])](
+            part, ws, y, m, n_out, split, y.stride(0), HAS_SCALE=has_scale, GATE_UP=gate_up,
+            BLOCK_N=bn, num_warps=4, enable_fp_fusion=False,
         )  # fmt: skip
 
 
