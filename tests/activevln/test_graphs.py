@@ -1,12 +1,13 @@
-"""CUDA graphs of the text step (``graphs.py``): a captured and replayed decode step gives the
-eager step's logits and greedy choices bit for bit (bf16, the fast kernels: batch-invariant
-linears and the pool attention kernel, whose bits depend on neither the padded query count nor
-the row count), for the capturing call and for a replay with other inputs."""
+"""CUDA graphs (``graphs.py``): a captured and replayed decode step gives the eager step's logits
+and greedy choices bit for bit (bf16, the fast kernels: batch-invariant linears and the pool
+attention kernel, whose bits depend on neither the padded query count nor the row count), for
+the capturing call and for a replay with other inputs; the replayed vision tower gives the eager
+tower's embeddings bit for bit."""
 
 import pytest
 import torch
 
-from flashrt_activevln.graphs import StepGraphs, buckets
+from flashrt_activevln.graphs import StepGraphs, VisionGraphs, buckets
 from flashrt_activevln.model import Qwen25VL
 from flashrt_activevln.model.ops import Ops
 
@@ -79,3 +80,21 @@ def test_captured_decode_step_is_bit_identical_to_eager(tiny64):
         n = live.numel()
         assert torch.equal(got_logits[:n], want), seed
         assert torch.equal(got_choices[:n], want.argmax(-1)), seed
+
+
+def test_replayed_vision_tower_is_bit_identical_to_eager(tiny64):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    cfg, w64, _ = tiny64
+    w = {k: v.to(dev, torch.bfloat16) for k, v in w64.items()}
+    model = Qwen25VL(cfg, w, Ops(rms_norm="kernel", vision_attention="segmented"))
+    m = cfg.vision.spatial_merge_size
+    grids = [(1, 4 * m, 6 * m)] * 2  # two images of 4 x 6 merged units
+    n = sum(t * h * w for t, h, w in grids)
+    graphs = VisionGraphs(model)
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        pixels = torch.randn(n, cfg.vision.patch_dim, generator=g).to(dev)
+        got = graphs.run(pixels, grids).clone()
+        assert torch.equal(got, model.vision(pixels, grids)), seed

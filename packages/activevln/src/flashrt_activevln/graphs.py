@@ -1,4 +1,5 @@
-"""CUDA graphs of the text step, one per token bucket (the ``cuda_graphs`` option).
+"""CUDA graphs of the text step, one per token bucket, and of the vision tower, one per list of
+image grids (the ``cuda_graphs`` option).
 
 A step's text work is the packed decoder forward over its live tokens (``packed_prefill``), the
 LM head over the verified positions and the greedy choice. Its shapes are the live token count
@@ -46,6 +47,53 @@ def buckets(tokens: int, queries: int, rows: int) -> tuple[int, int]:
     )
     t_b = -(-tokens // step) * step
     return min(t_b, rows * q_b), q_b
+
+
+def _capture(graph: torch.cuda.CUDAGraph, pool, work) -> float:
+    """Runs ``work`` once eagerly on a side stream (kernel compilation, library workspaces, the
+    caches it fills), then captures it into ``graph``; returns the seconds it took."""
+    t0 = time.perf_counter()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        work()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph, pool=pool):
+        work()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+class VisionGraphs:
+    """The vision tower replayed from one CUDA graph per list of image grids (frames of one size:
+    one graph per image count). Graphs hold only the weights' addresses and the model's cached
+    vision plans, so they outlive KV pools. On a CPU the tower runs eagerly."""
+
+    def __init__(self, model):
+        self.model = model
+        self.graphs: dict[tuple, tuple] = {}  # grids -> (graph, pixel buffer, output holder)
+        self.mempool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
+        self.capture_seconds = 0.0
+
+    def run(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Merged image embeddings (a static tensor, valid until the next call)."""
+        if not pixels.is_cuda:
+            return self.model.vision(pixels, grids)
+        key = tuple(tuple(g) for g in grids)
+        entry = self.graphs.get(key)
+        if entry is None:
+            buf, out = pixels.clone(), {}
+
+            def work():
+                out["embeds"] = self.model.vision(buf, grids)
+
+            graph = torch.cuda.CUDAGraph()
+            self.capture_seconds += _capture(graph, self.mempool, work)
+            entry = self.graphs[key] = (graph, buf, out)
+        graph, buf, out = entry
+        buf.copy_(pixels)
+        graph.replay()
+        return out["embeds"]
 
 
 class _Graph:
@@ -99,17 +147,8 @@ class StepGraphs:
             self._work(g, extent)
             return g.logits, g.choices
         if fresh:
-            t0 = time.perf_counter()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._work(g, extent)  # compiles kernels, warms the libraries
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(g.graph, pool=self.mempool):
-                self._work(g, extent)
+            self.capture_seconds += _capture(g.graph, self.mempool, lambda: self._work(g, extent))
             self.graphs[key] = g
-            torch.cuda.synchronize()
-            self.capture_seconds += time.perf_counter() - t0
         # (the eager run's K/V writes are the same values the replay writes again)
         g.graph.replay()
         return g.logits, g.choices

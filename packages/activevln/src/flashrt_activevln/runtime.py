@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from flashrt_activevln.grammar import GrammarTrie, Node, parse_actions
-from flashrt_activevln.graphs import GRAPH_INPUTS, StepGraphs, buckets
+from flashrt_activevln.graphs import GRAPH_INPUTS, StepGraphs, VisionGraphs, buckets
 from flashrt_activevln.model import Ops, Qwen25VL
 from flashrt_activevln.presets import Options
 from flashrt_activevln.processor import ActiveVLNProcessor
@@ -118,6 +118,7 @@ class Engine:
         self.on_reply = None  # optional callback(Reply)
         self._children: torch.Tensor | None = None  # the trie's children table, on the device
         self.graphs: StepGraphs | None = None  # captured text steps of the current pool
+        self.vision_graphs = VisionGraphs(model)
 
     @staticmethod
     def ops_for(options: Options) -> Ops:
@@ -200,7 +201,15 @@ class Engine:
                 grids.append(grid)
         self._sync()
         t1 = time.perf_counter()
-        image = self.model.vision(torch.cat(pix), grids) if pix else None
+        image = None
+        if pix and self.opt.cuda_graphs:
+            vg = self.vision_graphs
+            before = (len(vg.graphs), vg.capture_seconds)
+            image = vg.run(torch.cat(pix), grids)
+            self.stats.graph_captures += len(vg.graphs) - before[0]
+            self.stats.capture_seconds += vg.capture_seconds - before[1]
+        elif pix:
+            image = self.model.vision(torch.cat(pix), grids)
         self._sync()
         t2 = time.perf_counter()
 
