@@ -61,7 +61,7 @@ CANDIDATES = {
     "n128_p264_w8": _shape(128, 264, 8, 3),
     "n256_p264_w8": _shape(256, 264, 8, 3),
 }
-DEFAULT = "n128_p264_w8"
+DEFAULT = "n64_p264_w4"
 
 
 def launch_config(k: int, n: int) -> dict:
