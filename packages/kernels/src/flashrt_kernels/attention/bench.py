@@ -42,7 +42,7 @@ def _decode_sets(bsz, length, n, hq, hkv, with_mask, config=None):
         mask = None
         if with_mask:
             mask = torch.stack([random_tree_mask(n, 8, 100 * s + b) for b in range(bsz)]).to(DEVICE)
-        ws = torch.zeros(workspace_numel(bsz, n, hq, hkv, D, total, config), device=DEVICE)
+        ws = torch.empty(workspace_numel(bsz, n, hq, hkv, D, total, config), device=DEVICE)
         sets.append((q, k, v, mask, torch.empty_like(q), ws))
     cl = torch.full((bsz,), length, dtype=torch.int32, device=DEVICE)
     ql = torch.full((bsz,), n, dtype=torch.int32, device=DEVICE)
@@ -201,16 +201,16 @@ DECODE_SWEEP = (
 TREE_SWEEP = (
     {},
     {"wide": {"num_stages": 3}},
-    {"wide": {"BLOCK_M": 64, "num_warps": 4}},
+    {"wide": {"BLOCK_M": 128, "num_warps": 8}},
     {"wide": {"BLOCK_N": 128}},
     {"KEYS_PER_ROW": 1},
     {"KEYS_PER_ROW": 16},
 )
 SEG_SWEEP = (
     {},
-    {"long": {"num_stages": 3}},
-    {"long": {"BLOCK_N": 128}},
-    {"long": {"BLOCK_M": 64, "num_warps": 4}},
+    {"num_stages": 3},
+    {"BLOCK_N": 128},
+    {"BLOCK_M": 128, "num_warps": 8},
 )
 
 

@@ -1,8 +1,8 @@
 """GQA decode and tree-verify attention over a KV pool: the public op.
 
 Kernels and the batch-invariance argument: ``gqa_kernels`` (split-KV tiles that pack every query
-head sharing a KV head, and the query tokens, into one program; the last split to arrive merges);
-geometry and workspace layout: ``splits``.
+head sharing a KV head, and the query tokens, into one program; a combine pass); geometry and
+workspace layout: ``splits``.
 
 Contracts:
 - ``faithful`` vs ``reference.gqa_attention``: ``|out - ref| <= ATOL_V[dtype] * max|v| +
@@ -133,9 +133,7 @@ def gqa_attention(
     ``q_lens`` (and ``cache_rows``, the pool row of each batch row) int32 ``[B]``; the new tokens'
     K/V must already be appended and ``cache_lens + q_lens <= capacity``. ``tree_mask``: bool
     ``[B, q_max, q_max]`` or bit rows int64 ``[B, q_max]``; None = causal. With ``out`` and
-    ``workspace`` (fp32, ``workspace_numel(...)`` elements, zero-filled once when created: the
-    kernels keep its arrival counters at zero between calls) nothing is allocated. Calls sharing a
-    workspace must be ordered on one stream.
+    ``workspace`` (fp32, ``workspace_numel(...)`` elements) nothing is allocated.
     Contract: ``faithful`` to the reference (module docstring), ``exact`` across batch
     compositions, pool rows and padded ``q_max``.
     """
@@ -153,7 +151,7 @@ def gqa_attention(
     if workspace is None:
         n = workspace_numel(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], q.shape[3],
                             k_cache.shape[1])  # fmt: skip
-        workspace = torch.zeros(n, dtype=torch.float32, device=q.device)
+        workspace = torch.empty(n, dtype=torch.float32, device=q.device)
     gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale,
                        out, workspace, backend)  # fmt: skip
     return out

@@ -2,24 +2,23 @@
 
 One program computes a tile of ``BLOCK_M`` (query, head) rows for one KV head: all the query heads
 that share the KV head and as many query tokens as fit (row ``r`` of a row's tile space is token
-``r // G``, head ``h * G + r % G``), over one split of the row's live context. Two launches cover a
-batch: 16-row tiles for rows with at most ``NARROW_ROWS`` tile rows, wide tiles (warpgroup MMA) for
-the others; each program leaves the rows of the other class alone (``splits`` has the geometry).
-The last split program of a tile to arrive (an arrival counter, no waiting) merges the tile's
-partials in split order, so one launch per class does the whole op.
+``r // G``, head ``h * G + r % G``), over one split of the row's live context. Two tile launches
+cover a batch: 16-row tiles for rows with at most ``NARROW_ROWS`` tile rows, wide tiles (warpgroup
+MMA) for the others; each program leaves the rows of the other class alone (``splits`` has the
+geometry). A row of one split writes its output directly; the combine pass merges the others'
+splits in a fixed order and writes the zeros of dead query slots.
 
 Batch invariance (contract ``exact`` across batch compositions): a row's class, split size and
-tiles are functions of that row's own live extent and query count only, tiles, splits and the
-merge order are numbered from the row's own first token, and the merge order does not depend on
-which program arrives last; so a row's bits do not depend on which other rows share the launch,
-on ``B`` or on the padded ``q_max``.
+tiles are functions of that row's own live extent and query count only, and tiles, splits and the
+combine order are numbered from the row's own first token, so a row's bits do not depend on which
+other rows share the launch, on ``B`` or on the padded ``q_max``.
 
 Live extent: a program reads keys and values only at positions ``< cache_lens[b] + q_lens[b]``;
 stale slots (even NaN) never reach the output; tiles with no live query and splits past a row's
-extent do no KV work (split 0 of a dead tile writes its zeros). Keys before the row's new tokens
-are visible to every query: those blocks run without score masks, only the blocks holding new
-tokens (and the extent's last partial block) apply the causal / ancestor mask. Causal tiles stop
-at the last key their last live query sees (fully masked blocks contribute exactly nothing).
+extent do no KV work. Keys before the row's new tokens are visible to every query: those blocks run
+without score masks; only the blocks holding new tokens (and the extent's last partial block)
+apply the causal / ancestor mask. Causal tiles stop at the last key their last live query sees
+(fully masked blocks contribute exactly nothing).
 
 Numerics (``faithful``, bound in ``decode``): scores and softmax statistics in fp32 (exp2 domain),
 probabilities rounded to the K/V dtype for the PV product (fp32 accumulation), output rounded once.
@@ -34,11 +33,9 @@ import triton.language as tl
 from flashrt_kernels.attention.splits import (
     MAX_DOUBLINGS,
     NARROW_ROWS,
-    counter_tiles,
     geometry,
     split_plan,
     vector_align,
-    workspace_layout,
 )
 from flashrt_kernels.backends import triton_interpreter_active
 from flashrt_kernels.triton_helpers import cast_rne
@@ -48,11 +45,10 @@ from flashrt_kernels.triton_helpers import cast_rne
 ATOL_V = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-9, torch.float32: 2.0**-12}
 RTOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-16}
 LOG2E = 1.4426950408889634
-# fp32 partial elements one merge step loads (64 registers a thread at 4 warps)
-MERGE_ELEMENTS = 8192
 # Scores per masked block (the blocks holding new tokens): their per-score mask loads and pointers
-# would spill the registers of a 128-row tile at 64 keys, so wide tiles take them 32 keys at a time.
-MASKED_ELEMENTS = 4096
+# spill the registers of a 64-row tile at 64 keys (ptxas, triton 3.6), so wide tiles take them 32
+# keys at a time.
+MASKED_ELEMENTS = 2048
 
 
 @triton.jit
@@ -122,64 +118,32 @@ def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mas
 
 
 @triton.jit
-def _merge_splits(Opart, Mpart, Lpart, slot0, split_stride, n_splits, row_live, d, d_ok,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  GROUP: tl.constexpr):  # fmt: skip
-    """Merges the ``n_splits`` partials of a tile's rows in split order, ``GROUP`` splits a step
-    (one round trip each); returns the unnormalized output and the softmax sum. Loads bypass L1
-    (``.cg``): the partials were written by other programs."""
-    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_run = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for s0 in range(0, n_splits, GROUP):
-        sg = s0 + tl.arange(0, GROUP)
-        ok = (sg[:, None] < n_splits) & row_live[None, :]
-        idx = slot0[None, :] + sg[:, None] * split_stride
-        m = tl.load(Mpart + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        lsum = tl.load(Lpart + idx, mask=ok, other=0.0, cache_modifier=".cg")
-        o = tl.load(Opart + idx[:, :, None] * HEAD_DIM + d[None, None, :],
-                    mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
-                    cache_modifier=".cg")  # fmt: skip
-        m_new = tl.maximum(m_run, tl.max(m, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_run - m_safe)
-        w = tl.exp2(m - m_safe[None, :])
-        l_run = l_run * alpha + tl.sum(w * lsum, 0)
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
-        m_run = m_new
-    return acc, l_run
-
-
-@triton.jit
-def _store_out(Out, o_rows, acc, l_i, row_live, rows_ok, d, d_ok, UPCAST: tl.constexpr):
+def _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST: tl.constexpr):
     o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
-    o = tl.where(row_live[:, None], o, 0.0)
     tl.store(Out + o_rows[:, None] + d[None, :], _round_to(o, Out.dtype.element_ty, UPCAST),
-             mask=rows_ok[:, None] & d_ok[None, :])  # fmt: skip
+             mask=row_live[:, None] & d_ok[None, :])  # fmt: skip
 
 
 @triton.jit
 def gqa_tile_kernel(
-    Q, K, V, Out, Opart, Mpart, Lpart, Counters,
+    Q, K, V, Out, Opart, Mpart, Lpart,
     CacheLens, QLens, QStarts, Rows, Mask,
     stride_qb, stride_qt, stride_qh,
     stride_kr, stride_kn, stride_kh,
     stride_vr, stride_vn, stride_vh,
     stride_ob, stride_ot, stride_oh,
     stride_mb, stride_mi,
-    capacity, slots, n_kv_heads, q_max, n_counter_tiles, qk_scale,
+    capacity, slots, n_kv_heads, qk_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     TAIL_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_MODE: tl.constexpr, SPLIT: tl.constexpr, PACKED: tl.constexpr,
     HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ROW_CLASS: tl.constexpr,
     NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-    KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr, MERGE_GROUP: tl.constexpr,
-    ALIGN: tl.constexpr,
+    KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max].
     PACKED: queries and outputs are token-major ``[T, H, d]`` and row ``b`` owns tokens
     ``QStarts[b] .. QStarts[b + 1]`` (cu_seqlens); otherwise ``[B, q_max, H, d]``.
-    ROW_CLASS: 0 every row, 1 rows of at most ``NARROW`` tile rows, 2 the others (whose launch
-    also writes the zeros of narrow rows' slots past ``NARROW``)."""
+    ROW_CLASS: 0 every row, 1 rows of at most ``NARROW`` tile rows, 2 the others."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2)
@@ -225,11 +189,9 @@ def gqa_tile_kernel(
     if PACKED:
         q_rows = (q_first + qi).to(tl.int64) * stride_qt + head * stride_qh
         o_rows = (q_first + qi).to(tl.int64) * stride_ot + head * stride_oh
-        rows_ok = row_live
     else:
         q_rows = b.to(tl.int64) * stride_qb + qi.to(tl.int64) * stride_qt + head * stride_qh
         o_rows = b.to(tl.int64) * stride_ob + qi.to(tl.int64) * stride_ot + head * stride_oh
-        rows_ok = qi < q_max
     q_rows = tl.multiple_of(q_rows, ALIGN)
     o_rows = tl.multiple_of(o_rows, ALIGN)
 
@@ -263,58 +225,69 @@ def gqa_tile_kernel(
             )  # fmt: skip
         if SPLIT:
             if n_splits == 1:
-                _store_out(Out, o_rows, acc, l_i, row_live, rows_ok, d, d_ok, UPCAST)
+                _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST)
             else:
-                n_q_heads = G * n_kv_heads
-                slot0 = (b.to(tl.int64) * slots + qi) * n_q_heads + head
-                split_stride = q_len.to(tl.int64) * n_q_heads
-                slot = slot0 + split * split_stride
+                slot = ((b.to(tl.int64) * slots + split * q_len + qi) * (G * n_kv_heads)
+                        + head)  # fmt: skip
                 tl.store(Opart + slot[:, None] * HEAD_DIM + d[None, :], acc,
                          mask=row_live[:, None] & d_ok[None, :])  # fmt: skip
                 tl.store(Mpart + slot, m_i, mask=row_live)
                 tl.store(Lpart + slot, l_i, mask=row_live)
-                # Every thread's partial is written before one thread's release (acq_rel).
-                tl.debug_barrier()
-                counter = Counters + bh * n_counter_tiles + tile
-                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                if arrived == n_splits - 1:
-                    tl.debug_barrier()
-                    acc, l_i = _merge_splits(Opart, Mpart, Lpart, slot0, split_stride, n_splits,
-                                             row_live, d, d_ok, BLOCK_M, BLOCK_D, HEAD_DIM,
-                                             MERGE_GROUP)  # fmt: skip
-                    tl.store(counter, 0)
-                    _store_out(Out, o_rows, acc, l_i, row_live, rows_ok, d, d_ok, UPCAST)
         else:
-            _store_out(Out, o_rows, acc, l_i, row_live, rows_ok, d, d_ok, UPCAST)
-    elif not PACKED:
-        # Zeros for dead query slots: split 0 of a dead tile of this class's rows, and (wide
-        # launch) the slots of narrow rows past the narrow launch's tiles.
-        # (lane-wise compares: the interpreter cannot mask with scalar-and-tensor booleans)
-        n_rows = qi * 0 + q_len * G
-        if ROW_CLASS == 1:
-            zero = n_rows <= NARROW
-        elif ROW_CLASS == 2:
-            zero = (n_rows > NARROW) | (r >= NARROW)
-        else:
-            zero = n_rows >= 0
-        zero = zero & rows_ok & ((qi * 0 + split) == 0)
-        tl.store(Out + o_rows[:, None] + d[None, :],
-                 tl.zeros([BLOCK_M, BLOCK_D], tl.float32).to(Out.dtype.element_ty),
-                 mask=zero[:, None] & d_ok[None, :])  # fmt: skip
+            _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST)
+
+
+@triton.jit
+def split_combine_kernel(
+    Opart, Mpart, Lpart, Out, CacheLens, QLens,
+    stride_ob, stride_ot, stride_oh,
+    capacity, slots, n_q_heads,
+    HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr, KEYS_PER_ROW: tl.constexpr,
+    DOUBLINGS: tl.constexpr,
+):  # fmt: skip
+    """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
+    shape, whatever the split count). Rows of one split were written by the tile kernel; dead
+    query slots are written as zeros."""
+    i = tl.program_id(0)
+    b = tl.program_id(1)
+    hh = tl.program_id(2)
+    cache_len = tl.load(CacheLens + b)
+    q_len = tl.load(QLens + b)
+    total = tl.minimum(cache_len + q_len, capacity)
+    chunk = _row_chunk(total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, DOUBLINGS)
+    n_splits = tl.where(i < q_len, (total + chunk - 1) // chunk, 0)
+    if n_splits != 1:
+        s = tl.arange(0, TARGET)
+        s_ok = s < n_splits
+        d = tl.arange(0, BLOCK_D)
+        slot = ((b.to(tl.int64) * slots + i) + s * q_len) * n_q_heads + hh
+        m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
+        m_all = tl.max(m, 0)
+        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        w = tl.exp2(m - m_safe)
+        l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
+        o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
+                    mask=s_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+        acc = tl.sum(w[:, None] * o, 0)
+        o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
+        o_ptr = Out + b.to(tl.int64) * stride_ob + i * stride_ot + hh * stride_oh + d
+        tl.store(o_ptr, _round_to(o, Out.dtype.element_ty, UPCAST), mask=d < HEAD_DIM)
 
 
 def launch_gqa_tiles(
     q, k_cache, v_cache, out, cache_lens, q_lens, *, q_starts, cache_rows, mask, mask_mode,
     q_max, split, workspace, scale, config=None,
 ):  # fmt: skip
-    """Launches the tile kernel: with ``split``, the narrow class and (when ``q_max * G`` allows
-    wide rows) the wide class over a zero-countered ``workspace``; otherwise one unsplit packed
-    prefill launch. Inputs validated. ``config`` overrides the geometry (``splits.geometry``)."""
+    """Launches the tile kernel: with ``split``, the narrow class, the wide class when ``q_max * G``
+    allows wide rows, and the combine pass; otherwise one unsplit packed prefill launch. Inputs
+    validated. ``config`` overrides the geometry (``splits.geometry``)."""
     cfg = geometry(config)
     bsz = cache_lens.shape[0]
     hq, d = q.shape[-2], q.shape[-1]
     hkv, cap = k_cache.shape[2], k_cache.shape[1]
     group = hq // hkv
+    upcast = triton_interpreter_active()
     block_d = max(16, triton.next_power_of_2(d))
     packed = q_starts is not None
     if packed:
@@ -328,12 +301,10 @@ def launch_gqa_tiles(
     rows = q_max * group
     if split:
         narrow_splits, wide_splits, slots = split_plan(cap, q_max, group, cfg)
-        _, n_part, n_count = workspace_layout(bsz, q_max, hq, hkv, d, cap, cfg)
         per = bsz * slots * hq
         opart = workspace[: per * d]
         mpart = workspace[per * d : per * (d + 1)]
         lpart = workspace[per * (d + 1) : per * (d + 2)]
-        counters = workspace[n_part : n_part + n_count].view(torch.int32)
         n_narrow = triton.cdiv(min(rows, NARROW_ROWS), cfg["narrow"]["BLOCK_M"])
         launches = [("narrow", 1, narrow_splits, n_narrow)]
         if rows > NARROW_ROWS:
@@ -341,15 +312,16 @@ def launch_gqa_tiles(
     else:
         slots = 0
         opart = mpart = lpart = out
-        counters = cache_lens
         launches = [("prefill", 0, 1, triton.cdiv(rows, cfg["prefill"]["BLOCK_M"]))]
     mask_arg = mask if mask is not None else cache_lens
     smb = mask.stride(0) if mask is not None else 0
     smi = mask.stride(1) if mask is not None else 0
+    chunks = {"MIN_CHUNK": cfg["MIN_CHUNK"], "TARGET": cfg["TARGET"],
+              "KEYS_PER_ROW": cfg["KEYS_PER_ROW"], "DOUBLINGS": MAX_DOUBLINGS}  # fmt: skip
     for name, row_class, n_splits, n_tiles in launches:
         tiles = cfg[name]
         gqa_tile_kernel[(n_tiles, n_splits, bsz * hkv)](
-            q, k_cache, v_cache, out, opart, mpart, lpart, counters,
+            q, k_cache, v_cache, out, opart, mpart, lpart,
             cache_lens, q_lens if q_lens is not None else cache_lens,
             q_starts if packed else cache_lens,
             cache_rows if cache_rows is not None else cache_lens, mask_arg,
@@ -357,13 +329,18 @@ def launch_gqa_tiles(
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             sob, sot, soh, smb, smi,
-            cap, slots, hkv, q_max, counter_tiles(q_max, group, cfg), scale * LOG2E,
+            cap, slots, hkv, scale * LOG2E,
             HEAD_DIM=d, G=group, BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"],
             TAIL_N=min(tiles["BLOCK_N"], max(16, MASKED_ELEMENTS // tiles["BLOCK_M"])),
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
-            HAS_ROWS=cache_rows is not None, UPCAST=triton_interpreter_active(),
-            ROW_CLASS=row_class, NARROW=NARROW_ROWS, MIN_CHUNK=cfg["MIN_CHUNK"],
-            TARGET=cfg["TARGET"], KEYS_PER_ROW=cfg["KEYS_PER_ROW"], DOUBLINGS=MAX_DOUBLINGS,
-            MERGE_GROUP=max(1, MERGE_ELEMENTS // (tiles["BLOCK_M"] * block_d)), ALIGN=align,
+            HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
+            NARROW=NARROW_ROWS, ALIGN=align, **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+        )  # fmt: skip
+    if split:
+        split_combine_kernel[(q_max, bsz, hq)](
+            opart, mpart, lpart, out, cache_lens, q_lens,
+            out.stride(0), out.stride(1), out.stride(2),
+            cap, slots, hq,
+            HEAD_DIM=d, G=group, BLOCK_D=block_d, UPCAST=upcast, **chunks, num_warps=4,
         )  # fmt: skip

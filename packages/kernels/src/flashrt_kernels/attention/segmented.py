@@ -3,16 +3,15 @@
 Segment ``s`` is tokens ``cu_seqlens[s] .. cu_seqlens[s + 1]`` of q ``[T, Hq, d]`` and k/v
 ``[T, Hkv, d]``; attention is non-causal inside a segment and never crosses one (Qwen2.5-VL windows,
 whole images, Qwen3-VL per-image attention). One program: a tile of ``BLOCK_M`` queries of one
-segment and head, walking that segment's keys; windows and whole images take different tiles
-(``launch_config``).
+segment and head, walking that segment's keys.
 
 Head dims that are not powers of two (72, 80) are split into a power-of-two part and a small tail
 (64 + 16) instead of padding to 128, so the tensor cores do at most 16 columns of padding work.
 
 Contracts: ``faithful`` to ``reference.segmented_attention`` with the bound of ``decode``
 (``ATOL_V[dtype] * max|v| + RTOL[dtype] * |ref|``); a segment's output is bit-identical whatever the
-other segments are (``exact``: the tile geometry depends only on the segment's own length and the
-head dim). Tokens outside every segment are not written.
+other segments are (``exact``: the tile geometry depends only on the head dim). Tokens outside
+every segment are not written.
 """
 
 from __future__ import annotations
@@ -42,20 +41,11 @@ def head_dim_split(d: int) -> tuple[int, int]:
     return hi, lo
 
 
-# Tile classes by a segment's own length (so segments stay independent bit for bit): windows of up
-# to SHORT_SEGMENT patches in 64-row tiles, longer segments (whole images) in 128-row tiles.
-SHORT_SEGMENT = 64
-SHORT = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-LONG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
-
-
-def launch_config(config: dict | None = None) -> dict:
-    """The two classes' tiles, with ``config`` overrides (``{"short": {...}, "long": {...}}``;
-    benchmark sweeps only: the defaults are the contract's fixed geometry)."""
-    cfg = {"short": dict(SHORT), "long": dict(LONG)}
-    for key, val in (config or {}).items():
-        cfg[key].update(val)
-    return cfg
+def launch_config(d: int) -> dict:
+    """Tile geometry: a function of the head dim only (segments stay independent bit for bit).
+    64-row tiles with 4 warps beat 128 rows with 8 warps on the H200 for 720-patch images at
+    d=72 (185 vs 269 us; attention.md)."""
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 @triton.jit
@@ -108,11 +98,9 @@ def segmented_attention_kernel(
     qk_scale,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, D_HI: tl.constexpr, D_LO: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
-    LONG_CLASS: tl.constexpr, SHORT_MAX: tl.constexpr,
 ):  # fmt: skip
-    """Programs of the ``LONG_CLASS`` launch take segments longer than ``SHORT_MAX``, the others
-    the rest. Full key blocks run unmasked; only a segment's last, partial block is masked. Loads
-    of a head dim like 72 are 16 bytes wide through ``ALIGN`` (the strides' power of two)."""
+    """Full key blocks run unmasked; only a segment's last, partial block is masked. Loads of a
+    head dim like 72 are 16 bytes wide through ``ALIGN`` (the strides' power of two)."""
     tile = tl.program_id(0)
     seg = tl.program_id(1)
     hq = tl.program_id(2)
@@ -121,11 +109,7 @@ def segmented_attention_kernel(
     n = tl.load(CuSeqlens + seg + 1) - first
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n
-    if LONG_CLASS:
-        mine = n > SHORT_MAX
-    else:
-        mine = n <= SHORT_MAX
-    if mine & (tile * BLOCK_M < n):
+    if tile * BLOCK_M < n:
         tok = (first + rows).to(tl.int64)
         q_rows = tl.multiple_of(tok * stride_qt + hq * stride_qh, ALIGN)
         dh = tl.arange(0, D_HI)
@@ -176,29 +160,23 @@ def segmented_attention_kernel(
 
 
 def launch_segmented(q, k, v, out, cu_seqlens, max_seqlen, scale, config=None) -> None:
-    """The short-segment launch, and the long one when ``max_seqlen`` allows long segments."""
     n_seg = cu_seqlens.shape[0] - 1
     hq, d = q.shape[1], q.shape[2]
     if max_seqlen == 0 or n_seg == 0:
         return
-    cfg = launch_config(config)
+    cfg = dict(launch_config(d), **(config or {}))
     d_hi, d_lo = head_dim_split(d)
     align = vector_align(q.element_size(), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
                          *out.stride()[:2])  # fmt: skip
-    launches = [(False, min(max_seqlen, SHORT_SEGMENT))]
-    if max_seqlen > SHORT_SEGMENT:
-        launches.append((True, max_seqlen))
-    for long_class, longest in launches:
-        tiles = cfg["long" if long_class else "short"]
-        segmented_attention_kernel[(triton.cdiv(longest, tiles["BLOCK_M"]), n_seg, hq)](
-            q, k, v, out, cu_seqlens,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), scale * LOG2E,
-            G=hq // k.shape[1], HEAD_DIM=d, D_HI=d_hi, D_LO=d_lo,
-            BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"], UPCAST=triton_interpreter_active(),
-            ALIGN=align, LONG_CLASS=long_class, SHORT_MAX=SHORT_SEGMENT,
-            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
-        )  # fmt: skip
+    grid = (triton.cdiv(max_seqlen, cfg["BLOCK_M"]), n_seg, hq)
+    segmented_attention_kernel[grid](
+        q, k, v, out, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), scale * LOG2E,
+        G=hq // k.shape[1], HEAD_DIM=d, D_HI=d_hi, D_LO=d_lo,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], UPCAST=triton_interpreter_active(),
+        ALIGN=align, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
 
 
 def _validate(q, k, v, cu_seqlens, max_seqlen, scale, out):

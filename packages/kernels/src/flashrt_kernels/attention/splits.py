@@ -6,21 +6,19 @@ tiles, large enough for Hopper's warpgroup MMA. The class and the split size (``
 functions of the row's own query count and live extent, so a row's geometry (and its bits) never
 depend on the rest of the batch.
 
-Workspace (fp32, zero-filled once when created): per row ``slots`` partial slots of
-``(output[d], max, sum)`` per query head, then one int32 arrival counter per (row, KV head, tile).
-The last split program of a tile to arrive merges the partials and sets its counter back to zero,
-so the workspace is ready for the next call.
+Workspace (fp32): per row ``slots`` partial slots of ``(output[d], max, sum)`` per query head;
+rows of one split skip it.
 """
 
 from __future__ import annotations
 
 import functools
 
-import triton
-
 NARROW_ROWS = 32
-NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-WIDE = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# 64-row wide tiles with 4 warps beat 128 rows with 8 warps on the H200 (90 vs 118 us, 24-node
+# trees at L=8k; docs/kernels/attention.md)
+WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # Split rule: at least MIN_CHUNK keys, at most TARGET splits, at least KEYS_PER_ROW keys per tile
 # row (bounds the partial traffic: KEYS_PER_ROW / 4 times the K/V bytes of the split at d=128).
@@ -70,26 +68,11 @@ def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, i
     return _plan(capacity, q_max, group, cfg["MIN_CHUNK"], cfg["TARGET"], cfg["KEYS_PER_ROW"])
 
 
-def counter_tiles(q_max: int, group: int, cfg: dict) -> int:
-    """Arrival counters per (row, KV head): one per tile of the finer class."""
-    return triton.cdiv(q_max * group, cfg["narrow"]["BLOCK_M"])
-
-
-def workspace_layout(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,
-                     capacity: int, cfg: dict) -> tuple[int, int, int]:  # fmt: skip
-    """(partial slots per row, fp32 elements of the partials, int32 counters)."""
-    _, _, slots = split_plan(capacity, q_max, q_heads // kv_heads, cfg)
-    partials = batch * slots * q_heads * (head_dim + 2)
-    return slots, partials, batch * kv_heads * counter_tiles(q_max, q_heads // kv_heads, cfg)
-
-
 def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,
                     capacity: int, config: dict | None = None) -> int:  # fmt: skip
-    """fp32 elements of the workspace ``gqa_attention`` needs for these sizes (zero-fill it once
-    when creating it: the counters at its end must start at zero; every call leaves them so)."""
-    _, partials, counters = workspace_layout(batch, q_max, q_heads, kv_heads, head_dim, capacity,
-                                             geometry(config))  # fmt: skip
-    return partials + counters
+    """fp32 elements of the split workspace ``gqa_attention`` needs for these sizes."""
+    _, _, slots = split_plan(capacity, q_max, q_heads // kv_heads, geometry(config))
+    return batch * slots * q_heads * (head_dim + 2)
 
 
 def vector_align(itemsize: int, *strides: int) -> int:
