@@ -14,6 +14,14 @@ from flashrt_activevln.model.ops import Ops
 pytestmark = pytest.mark.gpu
 
 
+def _cuda_model(tiny64, ops):
+    """The tiny model in bf16 on the GPU (the test skips without one)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg, w64, _ = tiny64
+    return Qwen25VL(cfg, {k: v.to("cuda", torch.bfloat16) for k, v in w64.items()}, ops)
+
+
 def _step(cfg, b, q, seed):
     g = torch.Generator().manual_seed(seed)
     q_lens = torch.randint(1, q + 1, (b,), generator=g)
@@ -47,13 +55,10 @@ def _pad(x, q_b, tokens, max_verify):
 
 
 def test_captured_decode_step_is_bit_identical_to_eager(tiny64):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     dev = torch.device("cuda")
-    cfg, w64, _ = tiny64
-    w = {k: v.to(dev, torch.bfloat16) for k, v in w64.items()}
-    model = Qwen25VL(cfg, w, Ops(rms_norm="kernel", attention="gqa",
-                                 decode_linear="batch_invariant"))  # fmt: skip
+    cfg = tiny64[0]
+    model = _cuda_model(tiny64, Ops(rms_norm="kernel", attention="gqa",
+                                    decode_linear="batch_invariant"))  # fmt: skip
     b, q = 3, 9
     pool = model.new_pool(b, 128)
     torch.manual_seed(0)
@@ -83,12 +88,9 @@ def test_captured_decode_step_is_bit_identical_to_eager(tiny64):
 
 
 def test_replayed_vision_tower_is_bit_identical_to_eager(tiny64):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     dev = torch.device("cuda")
-    cfg, w64, _ = tiny64
-    w = {k: v.to(dev, torch.bfloat16) for k, v in w64.items()}
-    model = Qwen25VL(cfg, w, Ops(rms_norm="kernel", vision_attention="segmented"))
+    cfg = tiny64[0]
+    model = _cuda_model(tiny64, Ops(rms_norm="kernel", vision_attention="segmented"))
     m = cfg.vision.spatial_merge_size
     grids = [(1, 4 * m, 6 * m)] * 2  # two images of 4 x 6 merged units
     n = sum(t * h * w for t, h, w in grids)

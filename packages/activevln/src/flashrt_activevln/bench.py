@@ -20,7 +20,7 @@ import gc
 import torch
 
 from flashrt_activevln.data import synthetic_episodes
-from flashrt_activevln.engine_setup import agreement, build_engine, random_engine, run_replay
+from flashrt_activevln.engine_setup import agreement, engine_for, run_replay
 from flashrt_activevln.presets import preset
 
 WARMUP = {"n": 2, "seed": 1, "mean_frames": 2, "min_frames": 2}
@@ -53,10 +53,7 @@ def run(
     plan = {"preset": eps, "preset, B=1": subset, "preset, no tree": subset, "plain": subset}
     paths, replies, plain_engine = {}, {}, None
     for name, opt in options.items():
-        if checkpoint is None:
-            engine = random_engine(random_config, opt, device)
-        else:
-            engine = build_engine(checkpoint, opt, device)
+        engine = engine_for(checkpoint, random_config, opt, device)
         # the warm-up's pool has the timed set's size, so the timed replay keeps it (and graphs)
         run_replay(engine, synthetic_episodes(**WARMUP), capacity=engine.capacity(plan[name]))
         engine.stats = type(engine.stats)()

@@ -30,13 +30,11 @@ def _compare(
 ):
     """Replays with the reference preset and ``fast_preset``; ``checkpoint`` None: in-memory
     random weights of ``random_config``."""
-    from flashrt_activevln.engine_setup import agreement, build_engine, random_engine, run_replay
+    from flashrt_activevln.engine_setup import agreement, engine_for, run_replay
     from flashrt_activevln.presets import preset
 
     def engine(opt):
-        if checkpoint is None:
-            return random_engine(random_config, opt, device)
-        return build_engine(checkpoint, opt, device)
+        return engine_for(checkpoint, random_config, opt, device)
 
     common = {"dtype": dtype, "constrain_to_grammar": True, "max_new_tokens": 24}
     ref_opt = preset("reference", **{**common, **(ref_overrides or {})})

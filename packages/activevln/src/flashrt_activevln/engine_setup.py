@@ -53,6 +53,14 @@ def random_engine(config: str, options: Options, device: str = "cpu", seed: int 
     return Engine(Qwen25VL(cfg, w, Engine.ops_for(options)), proc, options)
 
 
+def engine_for(checkpoint, random_config: str, options: Options, device: str) -> Engine:
+    """The checkpoint's engine, or (``checkpoint`` None) one over random ``random_config``
+    weights."""
+    if checkpoint is None:
+        return random_engine(random_config, options, device)
+    return build_engine(checkpoint, options, device)
+
+
 class Progress:
     def __init__(self, total: int, enabled: bool, label: str):
         self.total, self.enabled, self.label, self.done = total, enabled, label, 0
