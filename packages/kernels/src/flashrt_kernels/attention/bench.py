@@ -5,7 +5,9 @@
   our own q=1 time at the same B, L for the tree/q=1 ratio;
 - vision: 44 windows of 64 patches (8 images x 352, d=80) vs SDPA over the windows batched as
   sequences, and 16 images x 720 patches (d=72) vs per-image SDPA;
-- packed prefill vs the same rows padded to the longest through SDPA (with a mask).
+- packed prefill vs the same rows padded to the longest through SDPA (with a mask);
+- the query-invariant mode (``query_invariant=True``): q=1 and trees of 24 / 33 / 64 nodes, B in
+  {1, 8}, L in {2k, 8k}, 16/2 heads, beside the default mode and SDPA in the same row.
 The floor is one read of K and V (plus q and the output for vision / prefill) over the measured
 copy bandwidth; ``floor_frac`` = floor / ours.
 """
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+from flashrt_kernels.attention.invariant_kernels import launch_invariant
 from flashrt_kernels.attention.properties import random_tree_mask
 from flashrt_kernels.attention.segmented import launch_segmented
 from flashrt_kernels.attention.splits import workspace_numel
@@ -30,8 +33,9 @@ DT = torch.bfloat16
 DEVICE = "cuda"
 
 
-def _decode_sets(bsz, length, n, hq, hkv, with_mask, config=None):
-    """Input sets for ours ([B, cap, Hkv, d] pool layout) and SDPA ([B, H, L, d])."""
+def _decode_sets(bsz, length, n, hq, hkv, with_mask, config=None, invariant=False):
+    """Input sets for ours ([B, cap, Hkv, d] pool layout) and SDPA ([B, H, L, d]); the workspace
+    holds either mode's partials (``invariant``: both)."""
     total = length + n
     kv_bytes = 2 * bsz * total * hkv * D * DT.itemsize
     sets = []
@@ -42,20 +46,27 @@ def _decode_sets(bsz, length, n, hq, hkv, with_mask, config=None):
         mask = None
         if with_mask:
             mask = torch.stack([random_tree_mask(n, 8, 100 * s + b) for b in range(bsz)]).to(DEVICE)
-        ws = torch.empty(workspace_numel(bsz, n, hq, hkv, D, total, config), device=DEVICE)
+        numel = workspace_numel(bsz, n, hq, hkv, D, total, config)
+        if invariant:
+            numel = max(numel, workspace_numel(bsz, n, hq, hkv, D, total, query_invariant=True))
+        ws = torch.empty(numel, device=DEVICE)
         sets.append((q, k, v, mask, torch.empty_like(q), ws))
     cl = torch.full((bsz,), length, dtype=torch.int32, device=DEVICE)
     ql = torch.full((bsz,), n, dtype=torch.int32, device=DEVICE)
     return sets, cl, ql, kv_bytes
 
 
-def _ours_decode(sets, cl, ql, config=None):
+def _ours_decode(sets, cl, ql, config=None, invariant=False):
     calls = []
     for q, k, v, mask, out, ws in sets:
         mode = 0 if mask is None else 1
         m = None if mask is None else mask.view(torch.uint8)
 
         def call(q=q, k=k, v=v, m=m, out=out, ws=ws, mode=mode):
+            if invariant:
+                launch_invariant(q, k, v, out, cl, ql, cache_rows=None, mask=m, mask_mode=mode,
+                                 workspace=ws, scale=D**-0.5, config=config)  # fmt: skip
+                return
             launch_gqa_tiles(q, k, v, out, cl, ql, q_starts=None, cache_rows=None, mask=m,
                              mask_mode=mode, q_max=q.shape[1], split=True, workspace=ws,
                              scale=D**-0.5, config=config)  # fmt: skip
@@ -185,9 +196,40 @@ def _prefill_rows():
     return rows
 
 
+def _invariant_rows(quick, config=None):
+    """Query-invariant mode vs the default mode and SDPA on the same inputs (Qwen2.5-VL-3B: 16/2,
+    d=128). q=1 rows have L - 1 cached tokens and the new one; tree rows L cached plus the nodes."""
+    rows = []
+    hq, hkv = 16, 2
+    for bsz in (1, 8):
+        for length in (2048, 8192):
+            for n in (1, 24, 64) if quick else (1, 24, 33, 64):
+                cached = length - 1 if n == 1 else length
+                sets, cl, ql, nbytes = _decode_sets(bsz, cached, n, hq, hkv, n > 1,
+                                                    invariant=True)  # fmt: skip
+                t = _ours_decode(sets, cl, ql, config, invariant=True)
+                t_default = _ours_decode(sets, cl, ql)
+                ts = _sdpa_decode(sets, cached)
+                fl = floor_us(nbytes)
+                rows.append({"case": "invariant " + ("q=1" if n == 1 else f"tree {n} nodes"),
+                             "heads": f"{hq}/{hkv}", "B": bsz, "L": length, "ours_us": t,
+                             "default_us": t_default, "over_default": t / t_default,
+                             "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
+                             "floor_frac": fl / t})  # fmt: skip
+                del sets
+    return rows
+
+
 @register_benchmark("attention", "attention", "GQA decode / tree verify / vision / prefill vs SDPA")
 def run(quick: bool = False) -> list[dict]:
-    return _decode_rows(quick) + _tree_rows(quick) + _vision_rows() + _prefill_rows()
+    return (_decode_rows(quick) + _tree_rows(quick) + _invariant_rows(quick) + _vision_rows()
+            + _prefill_rows())  # fmt: skip
+
+
+@register_benchmark("attention_invariant", "attention",
+                    "query-invariant decode / tree verify vs the default mode and SDPA")  # fmt: skip
+def run_invariant(quick: bool = False) -> list[dict]:
+    return _invariant_rows(quick)
 
 
 DECODE_SWEEP = (
@@ -206,6 +248,13 @@ TREE_SWEEP = (
     {"KEYS_PER_ROW": 1},
     {"KEYS_PER_ROW": 16},
 )
+INVARIANT_SWEEP = (
+    {},
+    {"SPLIT_KEYS": 256},
+    {"SPLIT_KEYS": 1024},
+    {"num_stages": 3},
+    {"BLOCK_N": 32},
+)
 SEG_SWEEP = (
     {},
     {"num_stages": 3},
@@ -217,6 +266,25 @@ SEG_SWEEP = (
 def _sweep_row(case, heads, bsz, length, cfg, t, frac, tflops):
     return {"case": case, "heads": heads, "B": bsz, "L": length, "config": str(cfg), "ours_us": t,
             "floor_frac": frac, "tflops": tflops}  # fmt: skip
+
+
+def invariant_sweep(quick: bool = False) -> list[dict]:
+    """The query-invariant geometry: split size, stages, key block (each one set of bits)."""
+    rows = []
+    cases = [(1, 2048, 1), (8, 8192, 1), (8, 8192, 24), (8, 8192, 64)]
+    for bsz, length, n in cases[1:3] if quick else cases:
+        for cfg in INVARIANT_SWEEP:
+            cached = length - 1 if n == 1 else length
+            sets, cl, ql, nbytes = _decode_sets(bsz, cached, n, 16, 2, n > 1, invariant=True)
+            if cfg.get("SPLIT_KEYS", 512) < 512:
+                numel = workspace_numel(bsz, n, 16, 2, D, cached + n, cfg, query_invariant=True)
+                sets = [(*x[:5], torch.empty(numel, device=DEVICE)) for x in sets]
+            t = _ours_decode(sets, cl, ql, cfg, invariant=True)
+            flops = 4 * bsz * 16 * n * length * D
+            rows.append(_sweep_row(f"invariant q={n}", "16/2", bsz, length, cfg, t,
+                                   floor_us(nbytes) / t, flops / t * 1e-6))  # fmt: skip
+            del sets
+    return rows
 
 
 @register_benchmark("attention_sweep", "attention", "tile-geometry sweep for the attention kernels")
@@ -234,6 +302,7 @@ def run_sweep(quick: bool = False) -> list[dict]:
             rows.append(_sweep_row(f"q={n}", f"{hq}/{hkv}", bsz, length, cfg, t,
                                    floor_us(nbytes) / t, flops / t * 1e-6))  # fmt: skip
             del sets
+    rows += invariant_sweep(quick)
     for cfg in SEG_SWEEP:
         for r in _vision_rows(cfg):
             rows.append(_sweep_row(r["case"], r["heads"], r["B"], r["L"], cfg, r["ours_us"],

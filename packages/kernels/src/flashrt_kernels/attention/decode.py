@@ -11,7 +11,11 @@ Contracts:
   sides are rounded once);
 - ``exact`` across batch compositions, batch order, pool rows and padded ``q_max``;
 - K/V slots at or past ``cache_lens + q_lens`` are never read; rows and padded query slots with no
-  live query do no KV work and output zeros.
+  live query do no KV work and output zeros;
+- with ``query_invariant=True`` (``invariant_kernels``): ``exact`` per query, the bits a function
+  of the query and its visible logical key sequence only (not of ``q_len``, ``q_max``, the tree,
+  the other nodes, the batch, nor the prefix / new-node cut): a greedy chain of ``q = 1`` steps
+  and a tree verification holding the same path agree bit for bit. Same ``faithful`` bound.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 
 from flashrt_kernels.attention import reference
 from flashrt_kernels.attention.gqa_kernels import ATOL_V, RTOL, launch_gqa_tiles
+from flashrt_kernels.attention.invariant_kernels import launch_invariant
 from flashrt_kernels.attention.splits import workspace_numel
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import check_float, check_no_alias, check_out, check_tensor
@@ -55,7 +60,7 @@ def validate_lengths(op, bsz, device, **named):
 
 
 def _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale, out,
-              workspace):  # fmt: skip
+              workspace, query_invariant):  # fmt: skip
     check_tensor(OP, "q", q, dtypes=DTYPES, ndim=4, last_dim_contiguous=True)
     bsz, q_max, hq, d = q.shape
     if not (1 <= d <= MAX_HEAD_DIM and 1 <= q_max <= MAX_Q and bsz >= 1):
@@ -66,7 +71,13 @@ def _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, sc
     validate_cache(OP, hq, d, q.dtype, q.device, k_cache, v_cache)
     validate_lengths(OP, bsz, q.device, cache_lens=cache_lens, q_lens=q_lens,
                      cache_rows=cache_rows)  # fmt: skip
+    if not isinstance(query_invariant, bool):
+        raise TypeError(f"{OP}: query_invariant must be a bool, got {type(query_invariant)}")
     if tree_mask is not None:
+        if query_invariant and q_max > 64:
+            raise ValueError(
+                f"{OP}: query_invariant tree verification takes at most 64 nodes, q_max={q_max}"
+            )
         if tree_mask.dtype == torch.int64:
             if q_max > 64:
                 raise ValueError(
@@ -84,7 +95,8 @@ def _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, sc
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             check_no_alias(OP, [("out", out), (name, t)])
     if workspace is not None:
-        need = workspace_numel(bsz, q_max, hq, k_cache.shape[2], d, k_cache.shape[1])
+        need = workspace_numel(bsz, q_max, hq, k_cache.shape[2], d, k_cache.shape[1],
+                               query_invariant=query_invariant)  # fmt: skip
         check_tensor(OP, "workspace", workspace, dtypes=(torch.float32,), ndim=1,
                      device=q.device, contiguous=True)  # fmt: skip
         if workspace.numel() < need:
@@ -94,13 +106,14 @@ def _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, sc
 
 
 def gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale,
-                       out, workspace, backend) -> None:  # fmt: skip
+                       out, workspace, backend, query_invariant=False) -> None:  # fmt: skip
     """Writes ``out``; inputs validated, ``workspace`` sized. No allocation, no host sync."""
     which = resolve_backend(OP, backend, q.device, IMPLEMENTED)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if which == "reference":
-        out.copy_(reference.gqa_attention(q, k_cache, v_cache, cache_lens, q_lens,
-                                          cache_rows=cache_rows, tree_mask=tree_mask, scale=scale))  # fmt: skip
+        ref = reference.gqa_attention_invariant if query_invariant else reference.gqa_attention
+        out.copy_(ref(q, k_cache, v_cache, cache_lens, q_lens, cache_rows=cache_rows,
+                      tree_mask=tree_mask, scale=scale))  # fmt: skip
         return
     if tree_mask is None:
         mask, mode = None, 0
@@ -108,6 +121,10 @@ def gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree
         mask, mode = tree_mask, 2
     else:
         mask, mode = tree_mask.view(torch.uint8), 1
+    if query_invariant:
+        launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, cache_rows=cache_rows,
+                         mask=mask, mask_mode=mode, workspace=workspace, scale=scale)  # fmt: skip
+        return
     launch_gqa_tiles(q, k_cache, v_cache, out, cache_lens, q_lens, q_starts=None,
                      cache_rows=cache_rows, mask=mask, mask_mode=mode, q_max=q.shape[1],
                      split=True, workspace=workspace, scale=scale)  # fmt: skip
@@ -126,6 +143,7 @@ def gqa_attention(
     out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     backend: str = "auto",
+    query_invariant: bool = False,
 ) -> torch.Tensor:
     """Decode / tree-verify GQA attention over a KV pool layer (see ``reference.gqa_attention``).
 
@@ -135,25 +153,29 @@ def gqa_attention(
     ``[B, q_max, q_max]`` or bit rows int64 ``[B, q_max]``; None = causal. With ``out`` and
     ``workspace`` (fp32, ``workspace_numel(...)`` elements) nothing is allocated.
     Contract: ``faithful`` to the reference (module docstring), ``exact`` across batch
-    compositions, pool rows and padded ``q_max``.
+    compositions, pool rows and padded ``q_max``. ``query_invariant``: each query's bits depend
+    only on it and its visible logical key sequence (module docstring; tree masks of at most 64
+    nodes; its own workspace size, ``workspace_numel(..., query_invariant=True)``).
     """
     _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale, out,
-              workspace)  # fmt: skip
+              workspace, query_invariant)  # fmt: skip
     if torch.compiler.is_compiling():
         if out is None:
             return torch.ops.flashrt.gqa_attention(q, k_cache, v_cache, cache_lens, q_lens,
-                                                   cache_rows, tree_mask, scale, backend)  # fmt: skip
+                                                   cache_rows, tree_mask, scale, backend,
+                                                   query_invariant)  # fmt: skip
         torch.ops.flashrt.gqa_attention_out(q, k_cache, v_cache, cache_lens, q_lens, cache_rows,
-                                            tree_mask, scale, out, workspace, backend)  # fmt: skip
+                                            tree_mask, scale, out, workspace, backend,
+                                            query_invariant)  # fmt: skip
         return out
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if workspace is None:
         n = workspace_numel(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], q.shape[3],
-                            k_cache.shape[1])  # fmt: skip
+                            k_cache.shape[1], query_invariant=query_invariant)  # fmt: skip
         workspace = torch.empty(n, dtype=torch.float32, device=q.device)
     gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale,
-                       out, workspace, backend)  # fmt: skip
+                       out, workspace, backend, query_invariant)  # fmt: skip
     return out
 
 
@@ -161,14 +183,16 @@ def gqa_attention(
 def _gqa_attention_op(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
     q_lens: torch.Tensor, cache_rows: torch.Tensor | None, tree_mask: torch.Tensor | None,
-    scale: float | None, backend: str,
+    scale: float | None, backend: str, query_invariant: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     return gqa_attention(q, k_cache, v_cache, cache_lens, q_lens, cache_rows=cache_rows,
-                         tree_mask=tree_mask, scale=scale, backend=backend)  # fmt: skip
+                         tree_mask=tree_mask, scale=scale, backend=backend,
+                         query_invariant=query_invariant)  # fmt: skip
 
 
 @_gqa_attention_op.register_fake
-def _(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale, backend):
+def _(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale, backend,
+      query_invariant=False):  # fmt: skip
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -177,6 +201,7 @@ def _gqa_attention_out_op(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
     q_lens: torch.Tensor, cache_rows: torch.Tensor | None, tree_mask: torch.Tensor | None,
     scale: float | None, out: torch.Tensor, workspace: torch.Tensor, backend: str,
+    query_invariant: bool = False,
 ) -> None:  # fmt: skip
     gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale,
-                       out, workspace, backend)  # fmt: skip
+                       out, workspace, backend, query_invariant)  # fmt: skip

@@ -7,6 +7,8 @@ batch does not use) holds NaN, and outputs are poisoned before the run.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from hypothesis import strategies as st
 
@@ -147,28 +149,29 @@ def _decode_inputs(case, device):
     return q, k, v, cache_lens.to(device), q_lens.to(device), mask
 
 
-def _check_decode_matches_reference(case) -> None:
+def _check_decode_matches_reference(case, invariant: bool = False) -> None:
     device = test_device()
     q, k, v, cl, ql, mask = _decode_inputs(case, device)
     rows = torch.arange(case["batch"], dtype=torch.int32, device=device)
     want = reference.gqa_attention(q, k, v, cl, ql, cache_rows=rows, tree_mask=mask)
     out = poisoned_empty(q.shape, q.dtype, device)
     got = gqa_attention(q, k, v, cl, ql, cache_rows=rows, tree_mask=mask, out=out,
-                        backend="triton")  # fmt: skip
+                        backend="triton", query_invariant=invariant)  # fmt: skip
     assert got.data_ptr() == out.data_ptr()
     live_v = v[:-1].nan_to_num(0.0)
     assert_faithful(got, want, **_bound(live_v, q.dtype), what="gqa_attention vs reference")
 
 
-def _check_decode_batch_invariant(case) -> None:
+def _check_decode_batch_invariant(case, invariant: bool = False) -> None:
     """A row's bits do not depend on the other rows, their order, the pool row or q_max."""
     device = test_device()
     q, k, v, cl, ql, mask = _decode_inputs(case, device)
     bsz, q_max = case["batch"], case["q_max"]
-    full = gqa_attention(q, k, v, cl, ql, tree_mask=mask, backend="triton")
+    full = gqa_attention(q, k, v, cl, ql, tree_mask=mask, backend="triton",
+                         query_invariant=invariant)  # fmt: skip
     pick = list(range(bsz))[::-1][: max(1, bsz - 1)]
     idx = torch.tensor(pick, device=device)
-    pad = q_max + 5
+    pad = min(q_max + 5, 64) if invariant and mask is not None else q_max + 5
     q2 = make_values("normal", (len(pick), pad, *q.shape[2:]), q.dtype, case["seed"] + 9, device)
     q2[:, :q_max] = q[idx]
     mask2 = None
@@ -183,7 +186,7 @@ def _check_decode_batch_invariant(case) -> None:
     v2 = torch.cat([v[-1:].expand(2, *v.shape[1:]), v[idx]])
     rows2 = torch.arange(2, 2 + len(pick), dtype=torch.int32, device=device)
     part = gqa_attention(q2, k2, v2, cl[idx], ql[idx], cache_rows=rows2, tree_mask=mask2,
-                         backend="triton")  # fmt: skip
+                         backend="triton", query_invariant=invariant)  # fmt: skip
     assert_exact(part[:, :q_max], full[idx], what="rows run inside another batch")
     assert_exact(part[:, q_max:], torch.zeros_like(part[:, q_max:]), what="padded query slots")
 
@@ -192,6 +195,12 @@ register_property(Property("gqa_attention", "matches_reference", _decode_cases,
                            _check_decode_matches_reference, _decode_examples))  # fmt: skip
 register_property(Property("gqa_attention", "batch_invariant", _decode_cases,
                            _check_decode_batch_invariant, _decode_examples))  # fmt: skip
+register_property(Property("gqa_attention", "query_invariant_matches_reference", _decode_cases,
+                           functools.partial(_check_decode_matches_reference, invariant=True),
+                           _decode_examples))  # fmt: skip
+register_property(Property("gqa_attention", "query_invariant_batch_invariant", _decode_cases,
+                           functools.partial(_check_decode_batch_invariant, invariant=True),
+                           _decode_examples))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,3 +323,7 @@ def _check_segmented(case) -> None:
 
 register_property(Property("segmented_attention", "matches_reference_and_independent",
                            _segmented_cases, _check_segmented, _segmented_examples))  # fmt: skip
+
+
+# the query-invariant mode's chain-vs-tree property lives beside (registered on import)
+from flashrt_kernels.attention import properties_invariant  # noqa: E402, F401

@@ -98,6 +98,52 @@ def gqa_attention(
     return o.permute(0, 2, 1, 3).to(q.dtype)
 
 
+def logical_slots(cache_len: int, q_len: int, node: int, tree_row: torch.Tensor | None):
+    """Slots of node ``node``'s visible logical key sequence, in logical order: the committed
+    ``0 .. cache_len - 1``, then its ancestors among the new nodes in slot order (``tree_row``,
+    bool ``[q_max]``; None = causal), itself last."""
+    if tree_row is None:
+        new = torch.arange(node + 1)
+    else:
+        new = tree_row[:q_len].cpu().nonzero().flatten()
+    return torch.cat([torch.arange(cache_len), cache_len + new])
+
+
+def gqa_attention_invariant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    q_lens: torch.Tensor,
+    *,
+    cache_rows: torch.Tensor | None = None,
+    tree_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``gqa_attention`` computed one query at a time over its gathered logical key sequence
+    (``logical_slots``), float64: the same function, whose bits depend on nothing but the query
+    and that sequence (the ``query_invariant`` contract on the reference backend)."""
+    bsz, q_max, hq, d = q.shape
+    g = hq // k_cache.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if tree_mask is not None and tree_mask.dtype == torch.int64:
+        tree_mask = unpack_tree_mask(tree_mask, q_max)
+    rows = list(range(bsz)) if cache_rows is None else cache_rows.tolist()
+    out = torch.zeros_like(q)
+    for b, (cl, ql) in enumerate(zip(cache_lens.tolist(), q_lens.tolist(), strict=True)):
+        for i in range(ql):
+            tree_row = None if tree_mask is None else tree_mask[b, i]
+            slots = logical_slots(cl, ql, i, tree_row).to(q.device)
+            if slots.numel() == 0:
+                continue
+            k = k_cache[rows[b], slots].double().repeat_interleave(g, dim=1).transpose(0, 1)
+            v = v_cache[rows[b], slots].double().repeat_interleave(g, dim=1).transpose(0, 1)
+            s = torch.einsum("hd,hnd->hn", q[b, i].double(), k) * scale
+            p = torch.softmax(s, dim=-1)
+            out[b, i] = torch.einsum("hn,hnd->hd", p, v).to(q.dtype)
+    return out
+
+
 def packed_prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

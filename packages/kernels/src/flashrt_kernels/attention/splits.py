@@ -8,6 +8,10 @@ depend on the rest of the batch.
 
 Workspace (fp32): per row ``slots`` partial slots of ``(output[d], max, sum)`` per query head;
 rows of one split skip it.
+
+Query-invariant mode (``invariant_kernels``): splits of ``SPLIT_KEYS`` logical keys at fixed
+positions (a constant: no length enters it), one 16-row tile per node and program; its workspace
+holds ``ceil(capacity / SPLIT_KEYS)`` partial slots per query.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # row (bounds the partial traffic: KEYS_PER_ROW / 4 times the K/V bytes of the split at d=128).
 SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4}
 MAX_DOUBLINGS = 20
+# Query-invariant mode: one geometry for every query (constants of the contract: the bits depend
+# on all of them).
+INVARIANT = {"SPLIT_KEYS": 512, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 def geometry(config: dict | None = None) -> dict:
@@ -69,10 +76,32 @@ def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, i
 
 
 def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,
-                    capacity: int, config: dict | None = None) -> int:  # fmt: skip
-    """fp32 elements of the split workspace ``gqa_attention`` needs for these sizes."""
+                    capacity: int, config: dict | None = None, *,
+                    query_invariant: bool = False) -> int:  # fmt: skip
+    """fp32 elements of the split workspace ``gqa_attention`` needs for these sizes (and mode)."""
+    if query_invariant:
+        return invariant_workspace_numel(batch, q_max, q_heads, head_dim, capacity, config)
     _, _, slots = split_plan(capacity, q_max, q_heads // kv_heads, geometry(config))
     return batch * slots * q_heads * (head_dim + 2)
+
+
+def invariant_geometry(config: dict | None = None) -> dict:
+    """The query-invariant geometry with ``config`` overrides (benchmark sweeps only)."""
+    cfg = dict(INVARIANT)
+    unknown = set(config or {}) - set(cfg)
+    if unknown:
+        raise ValueError(f"invariant geometry: unknown keys {sorted(unknown)}")
+    cfg.update(config or {})
+    if cfg["SPLIT_KEYS"] % cfg["BLOCK_N"]:
+        raise ValueError("invariant geometry: SPLIT_KEYS must be a multiple of BLOCK_N")
+    return cfg
+
+
+def invariant_workspace_numel(batch: int, q_max: int, q_heads: int, head_dim: int,
+                              capacity: int, config: dict | None = None) -> int:  # fmt: skip
+    """fp32 elements of the query-invariant mode's split workspace."""
+    splits = -(-capacity // invariant_geometry(config)["SPLIT_KEYS"])
+    return batch * q_max * splits * q_heads * (head_dim + 2)
 
 
 def vector_align(itemsize: int, *strides: int) -> int:

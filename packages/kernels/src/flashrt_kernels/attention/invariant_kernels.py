@@ -1,0 +1,284 @@
+"""Query-invariant GQA decode / tree-verify attention (``gqa_attention(..., query_invariant=True)``).
+
+Contract ``exact``: a live query's output bits are a function of its query vector, its *visible
+logical key sequence*, the scale, the dtype and the head dim only. Node ``i`` of a row sees logical
+positions ``0 .. n - 1``: the ``cache_len`` committed slots, then its ancestors among the new nodes
+in slot order (the set bits of its mask row; causal: nodes ``0 .. i``), itself last, so
+``n = cache_len + popcount(row)`` and logical ``cache_len + t`` is slot ``cache_len + (index of the
+t-th set bit)``. Nothing else reaches the bits: not ``q_len``, ``q_max``, the tree shape, the other
+nodes, the batch, nor where the sequence is cut between committed prefix and new nodes. So a
+greedy chain of ``q = 1`` steps and a tree verification holding the same path give the same bits.
+
+How:
+- Geometry independent of every length: a query's keys are cut into splits of ``SPLIT_KEYS``
+  logical positions and blocks of ``BLOCK_N`` at fixed absolute logical positions; one split is
+  one program; a query of ``ceil(n / SPLIT_KEYS)`` splits writes its output directly when that is
+  1, else partials that ``invariant_combine_kernel`` merges in split order (fixed 64-wide chunks).
+- One tile shape and one instruction for every query: a program is one node, its ``G`` query
+  heads the rows of one ``ROWS``-row tile (16 for ``G <= 16``: ``mma.sync``, 4 warps), one KV
+  head and one split; nothing about the launch (``q_max``, the batch, the tree) changes it.
+- One loop and one code path for every block (compiled without FMA contraction): the slot of
+  logical position ``pos`` is ``pos`` below ``cache_len`` and ``cache_len + select(bits, pos -
+  cache_len)`` above it (the index of a set bit, integer arithmetic); keys past the node's own
+  extent are zero-masked loads with -inf scores, exactly as in a shorter or longer tree.
+- fp32 scores and softmax statistics (exp2 domain), probabilities rounded to the K/V dtype for PV,
+  one output rounding: ``faithful`` to ``reference.gqa_attention`` with the default mode's bound.
+- K/V slots at or past ``cache_lens + q_lens`` are never read (the gather only follows mask bits
+  below ``q_len``); programs whose nodes are all dead or past their extent do no KV work.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from flashrt_kernels.attention.splits import invariant_geometry, vector_align
+from flashrt_kernels.backends import triton_interpreter_active
+from flashrt_kernels.triton_helpers import cast_rne
+
+LOG2E = 1.4426950408889634
+COMBINE_CHUNK = 64
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr, EMULATE: tl.constexpr):
+    if EMULATE:
+        return cast_rne(x, dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _popcount64(x):
+    """Set bits of int64 ``x`` (SWAR; every mask clears the bits an arithmetic shift fills)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    x = x + (x >> 8)
+    x = x + (x >> 16)
+    x = x + (x >> 32)
+    return (x & 127).to(tl.int32)
+
+
+@triton.jit
+def _select_bit(bits, t):
+    """Index of the ``t``-th (0-based) set bit of ``bits``: the largest ``J`` in 0..63 with at
+    most ``t`` set bits below ``J`` (binary search; meaningless where ``t >= popcount(bits)``)."""
+    lo = t * 0
+    for k in tl.static_range(6):
+        cand = lo + (32 >> k)
+        below = bits & ((tl.full(cand.shape, 1, tl.int64) << cand.to(tl.int64)) - 1)
+        lo = tl.where(_popcount64(below) <= t, cand, lo)
+    return lo
+
+
+@triton.jit
+def _node_bits(Mask, b, node, q_len, stride_mb, stride_mi, MASK_MODE: tl.constexpr):
+    """Mask row of ``node`` as int64 bits, limited to the live nodes ``< q_len``."""
+    live = node < q_len
+    if MASK_MODE == 2:
+        bits = tl.load(Mask + b * stride_mb + node * stride_mi, mask=live, other=0)
+        keep = (tl.full([], 1, tl.int64) << tl.minimum(q_len, 63).to(tl.int64)) - 1
+        bits = bits & tl.where(q_len >= 64, -1, keep)
+    else:
+        j = tl.arange(0, 64)
+        row = tl.load(Mask + b * stride_mb + node * stride_mi + j,
+                      mask=j < tl.where(live, q_len, 0), other=0)  # fmt: skip
+        one = tl.full(row.shape, 1, tl.int64)
+        bits = tl.sum(tl.where(row != 0, one << j.to(tl.int64), 0), 0)
+    return bits
+
+
+@triton.jit
+def _visible(Mask, b, node, cache_len, q_len, stride_mb, stride_mi, MASK_MODE: tl.constexpr):
+    """(n, bits): the node's visible logical length (0 for a dead node) and its mask bits."""
+    if MASK_MODE == 0:
+        bits = node.to(tl.int64) * 0
+        seen = node + 1
+    else:
+        bits = _node_bits(Mask, b, node, q_len, stride_mb, stride_mi, MASK_MODE)
+        seen = _popcount64(bits)
+    return tl.where(node < q_len, cache_len + seen, 0), bits
+
+
+@triton.jit
+def gqa_invariant_kernel(
+    Q, K, V, Out, Opart, Mpart, Lpart, CacheLens, QLens, Rows, Mask,
+    stride_qb, stride_qt, stride_qh,
+    stride_kr, stride_kn, stride_kh,
+    stride_vr, stride_vn, stride_vh,
+    stride_ob, stride_ot, stride_oh,
+    stride_mb, stride_mi,
+    capacity, q_max, max_splits, n_kv_heads, qk_scale,
+    HEAD_DIM: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr, BLOCK_D: tl.constexpr, MASK_MODE: tl.constexpr,
+    HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
+):  # fmt: skip
+    """One program: one node (its ``G`` heads as the rows of one tile) x one KV head x one split
+    of ``SPLIT_KEYS`` logical keys. MASK_MODE: 0 causal, 1 bool/uint8 ``[B, q_max, q_max]``,
+    2 bit rows int64 ``[B, q_max]``."""
+    node = tl.program_id(0)
+    split = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // n_kv_heads
+    h = bh % n_kv_heads
+    cache_len = tl.load(CacheLens + b)
+    q_len = tl.load(QLens + b)
+    if HAS_ROWS:
+        row = tl.load(Rows + b).to(tl.int64)
+    else:
+        row = b.to(tl.int64)
+    n_vis, bits = _visible(Mask, b, node, cache_len, q_len, stride_mb, stride_mi, MASK_MODE)
+    start = split * SPLIT_KEYS
+    end = tl.minimum(n_vis, start + SPLIT_KEYS)
+    if end > start:
+        r = tl.arange(0, ROWS)
+        head = h * G + r
+        r_ok = r < G
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+        q_rows = b.to(tl.int64) * stride_qb + node.to(tl.int64) * stride_qt + head * stride_qh
+        q_rows = tl.multiple_of(q_rows, ALIGN)
+        q = tl.load(Q + q_rows[:, None] + d[None, :], mask=r_ok[:, None] & d_ok[None, :],
+                    other=0.0)  # fmt: skip
+        if UPCAST:
+            q = q.to(tl.float32)
+        k_base = K + tl.multiple_of(row * stride_kr + h * stride_kh, ALIGN)
+        v_base = V + tl.multiple_of(row * stride_vr + h * stride_vh, ALIGN)
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+        # One loop, one code path for every block (committed or new, full or partial): a
+        # block's bits cannot depend on where the committed prefix ends.
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            if MASK_MODE == 0:
+                slot = pos
+            else:
+                t = pos - cache_len
+                slot = tl.where(t < 0, pos, cache_len + _select_bit(bits, tl.maximum(t, 0)))
+            seen = pos < end
+            ld = (seen & (slot < capacity))[:, None] & d_ok[None, :]
+            k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
+            v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
+            k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=ld, other=0.0)
+            v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=ld, other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(seen[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
+            if UPCAST:
+                p_lo = p_lo.to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p_lo, v)
+            m_i = m_new
+        n_splits = (n_vis + SPLIT_KEYS - 1) // SPLIT_KEYS
+        o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+        o_rows = b.to(tl.int64) * stride_ob + node.to(tl.int64) * stride_ot + head * stride_oh
+        o_rows = tl.multiple_of(o_rows, ALIGN)
+        if n_splits == 1:
+            tl.store(Out + o_rows[:, None] + d[None, :],
+                     _round_to(o, Out.dtype.element_ty, UPCAST),
+                     mask=r_ok[:, None] & d_ok[None, :])  # fmt: skip
+        else:
+            slot_p = ((b.to(tl.int64) * q_max + node) * max_splits + split) * (G * n_kv_heads)
+            slot_p = slot_p + head
+            tl.store(Opart + slot_p[:, None] * HEAD_DIM + d[None, :], acc,
+                     mask=r_ok[:, None] & d_ok[None, :])  # fmt: skip
+            tl.store(Mpart + slot_p, m_i, mask=r_ok)
+            tl.store(Lpart + slot_p, l_i, mask=r_ok)
+
+
+@triton.jit
+def invariant_combine_kernel(
+    Opart, Mpart, Lpart, Out, CacheLens, QLens, Mask,
+    stride_ob, stride_ot, stride_oh, stride_mb, stride_mi,
+    q_max, max_splits, n_q_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+    MASK_MODE: tl.constexpr, CHUNK: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One (query, head): merges its ``ceil(n / SPLIT_KEYS)`` splits in split order, ``CHUNK``
+    at a time (fixed reduction shapes); queries of one split were written by the tile kernel;
+    dead query slots and queries that see nothing are written as zeros."""
+    i = tl.program_id(0)
+    b = tl.program_id(1)
+    hh = tl.program_id(2)
+    cache_len = tl.load(CacheLens + b)
+    q_len = tl.load(QLens + b)
+    n_vis, _ = _visible(Mask, b, i, cache_len, q_len, stride_mb, stride_mi, MASK_MODE)
+    n_splits = (n_vis + SPLIT_KEYS - 1) // SPLIT_KEYS
+    if n_splits != 1:
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+        base = (b.to(tl.int64) * q_max + i) * max_splits
+        m_all = tl.full([], float("-inf"), tl.float32)
+        for c in range(0, n_splits, CHUNK):
+            s = c + tl.arange(0, CHUNK)
+            m = tl.load(Mpart + (base + s) * n_q_heads + hh, mask=s < n_splits,
+                        other=float("-inf"))  # fmt: skip
+            m_all = tl.maximum(m_all, tl.max(m, 0))
+        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        l_all = tl.zeros([], tl.float32)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for c in range(0, n_splits, CHUNK):
+            s = c + tl.arange(0, CHUNK)
+            s_ok = s < n_splits
+            slot = (base + s) * n_q_heads + hh
+            m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
+            w = tl.exp2(m - m_safe)
+            l_all += tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
+            o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
+                        mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+            acc += tl.sum(w[:, None] * o, 0)
+        o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
+        o_ptr = Out + b.to(tl.int64) * stride_ob + i * stride_ot + hh * stride_oh + d
+        tl.store(o_ptr, _round_to(o, Out.dtype.element_ty, UPCAST), mask=d_ok)
+
+
+def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows, mask, mask_mode,
+                     workspace, scale, config=None):  # fmt: skip
+    """The query-invariant tile launch and its combine pass. Inputs validated, ``workspace``
+    sized by ``splits.invariant_workspace_numel``. ``config`` overrides the geometry (benchmark
+    sweeps only: the defaults are the contract's fixed geometry)."""
+    cfg = invariant_geometry(config)
+    bsz, q_max, hq, d = q.shape
+    hkv, cap = k_cache.shape[2], k_cache.shape[1]
+    group = hq // hkv
+    upcast = triton_interpreter_active()
+    block_d = max(16, triton.next_power_of_2(d))
+    split_keys = cfg["SPLIT_KEYS"]
+    max_splits = triton.cdiv(cap, split_keys)
+    per = bsz * q_max * max_splits * hq
+    opart = workspace[: per * d]
+    mpart = workspace[per * d : per * (d + 1)]
+    lpart = workspace[per * (d + 1) : per * (d + 2)]
+    align = vector_align(q.element_size(), *q.stride()[:3], *out.stride()[:3],
+                         *k_cache.stride()[:3], *v_cache.stride()[:3])  # fmt: skip
+    mask_arg = mask if mask is not None else cache_lens
+    smb = mask.stride(0) if mask is not None else 0
+    smi = mask.stride(1) if mask is not None else 0
+    gqa_invariant_kernel[(q_max, max_splits, bsz * hkv)](
+        q, k_cache, v_cache, out, opart, mpart, lpart, cache_lens, q_lens,
+        cache_rows if cache_rows is not None else cache_lens, mask_arg,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), smb, smi,
+        cap, q_max, max_splits, hkv, scale * LOG2E,
+        HEAD_DIM=d, G=group, ROWS=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["BLOCK_N"], SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
+        HAS_ROWS=cache_rows is not None, UPCAST=upcast, ALIGN=align,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False,
+    )  # fmt: skip
+    invariant_combine_kernel[(q_max, bsz, hq)](
+        opart, mpart, lpart, out, cache_lens, q_lens, mask_arg,
+        out.stride(0), out.stride(1), out.stride(2), smb, smi,
+        q_max, max_splits, hq,
+        HEAD_DIM=d, BLOCK_D=block_d, SPLIT_KEYS=split_keys, MASK_MODE=mask_mode,
+        CHUNK=COMBINE_CHUNK, UPCAST=upcast, num_warps=4, enable_fp_fusion=False,
+    )  # fmt: skip

@@ -1,0 +1,127 @@
+"""gqa_attention(..., query_invariant=True): properties (CPU interpreter at small shapes, GPU at
+real shapes), a greedy chain step by step through a KVPool, inputs, custom ops."""
+
+import pytest
+import torch
+
+from flashrt_kernels.attention import KVPool, gqa_attention, reference, workspace_numel
+from flashrt_kernels.attention.properties import random_tree_mask
+from flashrt_kernels.registry import properties
+from flashrt_kernels.testing import assert_exact, make_values
+
+PROPS = properties()
+_NAMES = (
+    "gqa_attention.query_invariant_matches_reference",
+    "gqa_attention.query_invariant_batch_invariant",
+    "gqa_attention.query_invariant_chain_equals_tree",
+)
+for _name in _NAMES:
+    _short = _name.replace(".", "_")
+    globals()[f"test_{_short}"] = PROPS[_name].test("small")
+    globals()[f"test_{_short}_gpu"] = pytest.mark.gpu(PROPS[_name].test("real"))
+
+BF16 = torch.bfloat16
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _lens(*xs):
+    return torch.tensor(xs, dtype=torch.int32, device=DEV)
+
+
+def _greedy_chain_vs_tree(backend, prefix, hq, hkv, d, n_nodes, seed):
+    """A tree verified once, then its deepest branch decoded step by step in a KVPool: each step
+    appends its key, attends with q_len = 1, then commits (the tree's keys moved by
+    ``KVPool.commit`` in the first step, so committed keys came from tree slots)."""
+    mask = random_tree_mask(n_nodes, 8, seed).to(DEV)
+    depth = mask.sum(1)
+    node = int((depth == depth.max()).nonzero().flatten()[-1])
+    path = mask[node].nonzero().flatten().tolist()
+    cap = prefix + n_nodes + 4
+    prompt_k = make_values("normal", (1, prefix, hkv, d), BF16, seed, DEV)
+    prompt_v = make_values("normal", (1, prefix, hkv, d), BF16, seed + 1, DEV)
+    nodes_k = make_values("normal", (1, n_nodes, hkv, d), BF16, seed + 2, DEV)
+    nodes_v = make_values("normal", (1, n_nodes, hkv, d), BF16, seed + 3, DEV)
+    q = make_values("normal", (1, n_nodes, hq, d), BF16, seed + 4, DEV)
+    pool = KVPool(1, 2, cap, hkv, d, dtype=BF16, device=DEV)
+    pool.k.fill_(float("nan"))
+    pool.v.fill_(float("nan"))
+    pool.acquire()
+    row = torch.tensor([pool.acquire()], dtype=torch.int32, device=DEV)  # pool row 1
+    if prefix:
+        pool.append(0, row, prompt_k, prompt_v, _lens(prefix))
+        pool.advance(row, _lens(prefix))
+    pool.append(0, row, nodes_k, nodes_v, _lens(n_nodes))
+    kc, vc = pool.layer(0)
+    tree = gqa_attention(q, kc, vc, pool.lengths[row.long()], _lens(n_nodes), cache_rows=row,
+                         tree_mask=mask[None], backend=backend, query_invariant=True)  # fmt: skip
+    # commit the path's first node from its tree slot, then decode the rest one by one
+    accepted = torch.tensor([[path[0]]], device=DEV)
+    steps = []
+    for t, j in enumerate(path):
+        if t == 0:
+            pool.commit(0, row, accepted, _lens(1))
+        else:
+            pool.append(0, row, nodes_k[:, j : j + 1], nodes_v[:, j : j + 1], _lens(1))
+        kc, vc = pool.layer(0)
+        cl = pool.lengths[row.long()]
+        # stale slots past the step: NaN (the tree's nodes that were never committed)
+        kc[row.long(), int(cl) + 1 :] = float("nan")
+        vc[row.long(), int(cl) + 1 :] = float("nan")
+        steps.append(gqa_attention(q[:, j : j + 1], kc, vc, cl, _lens(1), cache_rows=row,
+                                   backend=backend, query_invariant=True)[0, 0])  # fmt: skip
+        pool.advance(row, _lens(1))
+    return torch.stack(steps), tree[0, path]
+
+
+@pytest.mark.parametrize(("prefix", "n_nodes", "seed"), [(0, 9, 1), (510, 12, 2), (64, 16, 3)])
+def test_greedy_chain_through_pool_equals_tree(prefix, n_nodes, seed):
+    chain, tree = _greedy_chain_vs_tree("triton", prefix, 8, 2, 64, n_nodes, seed)
+    assert_exact(chain, tree, what="greedy chain vs tree branch")
+
+
+def test_reference_backend_is_query_invariant():
+    chain, tree = _greedy_chain_vs_tree("reference", 70, 4, 1, 80, 10, 4)
+    assert_exact(chain, tree, what="reference backend: greedy chain vs tree branch")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("prefix", "hq", "hkv", "n_nodes"), [(8000, 16, 2, 64), (2047, 32, 8, 24)])
+def test_greedy_chain_through_pool_equals_tree_gpu(prefix, hq, hkv, n_nodes):
+    chain, tree = _greedy_chain_vs_tree("triton", prefix, hq, hkv, 128, n_nodes, 7)
+    assert_exact(chain, tree, what="greedy chain vs tree branch")
+
+
+def test_invariant_inputs_and_workspace():
+    q = torch.randn(1, 65, 2, 64, dtype=BF16)
+    k = torch.randn(1, 100, 1, 64, dtype=BF16)
+    tree = torch.ones(1, 65, 65, dtype=torch.bool)
+    with pytest.raises(ValueError, match="at most 64 nodes"):
+        gqa_attention(q, k, k, _lens(0).cpu(), _lens(65).cpu(), tree_mask=tree,
+                      query_invariant=True)  # fmt: skip
+    with pytest.raises(TypeError, match="query_invariant must be a bool"):
+        gqa_attention(q, k, k, _lens(0).cpu(), _lens(65).cpu(), query_invariant=1)
+    q = torch.randn(1, 2, 2, 64, dtype=BF16)
+    small = workspace_numel(1, 2, 2, 1, 64, 100)
+    need = workspace_numel(1, 2, 2, 1, 64, 100, query_invariant=True)
+    with pytest.raises(ValueError, match="workspace must hold"):
+        gqa_attention(q, k, k, _lens(30).cpu(), _lens(2).cpu(), workspace=torch.empty(need - 1),
+                      query_invariant=True)  # fmt: skip
+    out = torch.empty_like(q)
+    got = gqa_attention(q, k, k, _lens(30).cpu(), _lens(2).cpu(), out=out,
+                        workspace=torch.empty(need), backend="triton", query_invariant=True)  # fmt: skip
+    assert got.data_ptr() == out.data_ptr() and small > 0
+
+
+def test_invariant_custom_ops():
+    q = torch.randn(2, 3, 4, 64, dtype=BF16)
+    k = torch.randn(2, 20, 2, 64, dtype=BF16)
+    cl, ql = _lens(5, 0).cpu(), _lens(3, 2).cpu()
+    want = reference.gqa_attention_invariant(q, k, k, cl, ql)
+    got = torch.ops.flashrt.gqa_attention(q, k, k, cl, ql, None, None, None, "reference", True)
+    assert torch.equal(got, want)
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fq = torch.empty(2, 3, 4, 64, dtype=BF16)
+        fk = torch.empty(2, 20, 2, 64, dtype=BF16)
+        fl = torch.empty(2, dtype=torch.int32)
+        got = torch.ops.flashrt.gqa_attention(fq, fk, fk, fl, fl, None, None, None, "triton", True)
+        assert got.shape == fq.shape
