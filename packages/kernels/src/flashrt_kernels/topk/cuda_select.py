@@ -30,6 +30,7 @@ CAP = 16384  # candidates the finishing block ranks in shared memory
 TILE = 512 * 8  # elements a pass block covers per iteration (chunks are multiples of it)
 BLOCKS_PER_SM = 4  # pass blocks per SM the split aims at (4 x 512 threads fill an SM)
 HIST_BINS = 4096
+BOUND_GROUPS = 8192  # select.cu's BOUND_GROUPS: group maxima of the hint-free bound per row
 CTRL_WORDS = 32
 STEPS = 3  # step launches after the counting pass (digit passes 0..2 end in a known K-th key)
 FINISH_THREADS = 1024
@@ -55,13 +56,21 @@ _DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _WORKSPACES: dict[tuple, dict[str, torch.Tensor]] = {}
 
 
+SOURCES = ("select_block.cu", "select.cu")  # keys and the block-wide search; passes and kernels
+
+
+def source() -> str:
+    """The CUDA source of the backend: ``SOURCES`` joined in order."""
+    pkg = resources.files("flashrt_kernels.topk")
+    return "\n".join(pkg.joinpath(name).read_text() for name in SOURCES)
+
+
 @functools.cache
 def _module():
     import cupy
 
-    src = resources.files("flashrt_kernels.topk").joinpath("select.cu").read_text()
     names = [f"{f}<{d}>" for f in KERNELS for d in (0, 1, 2)]
-    mod = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
+    mod = cupy.RawModule(code=source(), options=("-std=c++17",), name_expressions=names)
     return mod
 
 
@@ -117,6 +126,7 @@ def _workspace(device, b: int, s: int, chunk: int) -> dict[str, torch.Tensor]:
         ws = {
             "ctrl": torch.zeros((b, CTRL_WORDS), **i32),
             "hist": torch.zeros((b, HIST_BINS), **i32),
+            "gmax": torch.zeros((b, BOUND_GROUPS), **i32),
             "tc": torch.zeros((b, 8), **i32),
             "seg": torch.zeros((b * max(s, 1) * segcap * 2,), **i32),
             "segcnt": torch.zeros((b * max(s, 1),), **i32),
@@ -152,7 +162,7 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None)
                 _kernel("bound_kernel", dt)(
                     grid, block,
                     (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(short_max), ctrl,
-                     _ptr(ws["hist"])),
+                     _ptr(ws["gmax"])),
                 )  # fmt: skip
             _kernel("count_kernel", dt)(
                 grid, block,
