@@ -197,16 +197,17 @@ def test_kernels_compile_for_sm90_without_a_gpu():
 
 
 def test_cuda_select_compiles_for_sm90_without_a_gpu(tmp_path):
-    """nvcc (where installed) builds every instantiation of ``select.cu`` for sm_90 without
-    register spills; the CUDA backend itself runs in the GPU tests."""
+    """nvcc (where installed) builds every instantiation of the CUDA backend's source for sm_90
+    without register spills; the CUDA backend itself runs in the GPU tests."""
     import shutil
     import subprocess
-    from importlib import resources
+
+    from flashrt_kernels.topk import cuda_select
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc on this machine")
-    src = resources.files("flashrt_kernels.topk").joinpath("select.cu").read_text()
+    src = cuda_select.source()
     sig = {
         "bound_kernel": "const void*, long long, const int*, int, int, int, int, int, int*, int*",
         "count_kernel": "const void*, long long, const int*, int, int, int, int, int, int, int, "
@@ -238,3 +239,61 @@ def test_cuda_backend_needs_a_cuda_device():
         pytest.skip("a CUDA device is present")
     with pytest.raises(ValueError, match="cannot run on device"):
         topk(torch.randn(2, 8), 3, backend="cuda")
+
+
+def _cuda_or_skip():
+    from flashrt_kernels.backends import backend_runs_on
+
+    if not backend_runs_on("cuda", torch.device("cuda")):
+        pytest.skip("the CUDA backend does not run here")
+
+
+def _assert_bits_equal(got, want):
+    assert torch.equal(got[1].cpu(), want[1])
+    assert torch.equal(got[0].cpu().view(torch.int32), want[0].view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [5000, 8192, 32768])
+def test_cuda_short_rows_every_candidate_branch(n):
+    """One-block rows: candidates in per-warp regions (normal rows; a plateau at the K-th value
+    with few elements above), a warp range with more candidates than its region (ascending rows:
+    the top k share the last warps; descending: the first), and more candidates than all regions
+    hold (a plateau below a few spikes)."""
+    _cuda_or_skip()
+    g = torch.Generator().manual_seed(n)
+    normal = torch.randn(3, n, generator=g)
+    ramp = torch.arange(n, dtype=torch.float32).repeat(3, 1) / n
+    ramp[1] = ramp[1].flip(0)
+    spikes = torch.zeros(3, n)
+    spikes[:, ::97] = 1.0
+    for x in (normal, ramp, spikes):
+        for k in (1, 129, 512, 2048, 4096):
+            ov = torch.full((3, k), float("nan"), device="cuda")
+            oi = torch.full((3, k), -7, dtype=torch.int32, device="cuda")
+            got = topk(x.cuda(), k, out_values=ov, out_indices=oi, backend="cuda")
+            _assert_bits_equal(got, reference.topk(x, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 512, 2048, 4096])
+def test_cuda_bound_on_rows_with_structure(k):
+    """Split rows whose group maxima say little (the top values all in one group, every 8192nd
+    position; ascending rows; a plateau with a few spikes): the bound stays a bound, the result
+    exact, the state as documented; unstructured rows are admitted by the bound at once."""
+    _cuda_or_skip()
+    from flashrt_kernels.topk.properties import check_cuda_bound, check_state
+
+    n = 1 << 18
+    g = torch.Generator().manual_seed(k)
+    one_group = torch.randn(2, n, generator=g)
+    one_group[:, ::8192] += 100.0
+    ramp = torch.arange(n, dtype=torch.float32).repeat(2, 1)
+    spikes = torch.zeros(2, n)
+    spikes[:, ::1001] = 1.0
+    for x in (one_group, ramp, spikes, torch.randn(2, n, generator=g)):
+        state = st.new_state(2, "cuda")
+        want = reference.topk(x, k)
+        _assert_bits_equal(topk(x.cuda(), k, state=state, backend="cuda"), want)
+        check_state(state, x, k, None, want[0])
+    check_cuda_bound(state, k, n, None)  # the unstructured rows

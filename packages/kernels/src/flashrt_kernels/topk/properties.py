@@ -82,6 +82,9 @@ def _examples(scale: str, hinted: bool = False):
     out = [{**base, **extra, "rows": r, "cols": c, "k": k, "split": s} for r, c, k, s in shapes]
     out.append({**out[0], "kind": "zeros", "k": 2048})  # ties far beyond any capacity
     out.append({**out[1], "kind": "relu_plateau", "lengths": "random"})
+    # one-block rows: candidates in per-warp regions (normal), or too many of them (zeros)
+    out.append({**out[2], "rows": 2, "cols": 32768, "k": 2048})
+    out.append({**out[2], "rows": 2, "cols": 32768, "k": 2048, "kind": "zeros"})
     return [{**case, "backend": b} for b in _backends(scale) for case in out]
 
 
@@ -129,10 +132,30 @@ def _run(x, k, lens, case, hint=None, state=None):
 
 
 def _check_matches_reference(case) -> None:
-    device, rows, k = test_device(), _rows(case), case["k"]
-    x = make_values(case["kind"], (rows, case["cols"]), case["dtype"], case["seed"], device)
+    device, rows, k, n = test_device(), _rows(case), case["k"], case["cols"]
+    x = make_values(case["kind"], (rows, n), case["dtype"], case["seed"], device)
     lens = _lengths(case, rows, device)
-    _assert_same(_run(x, k, lens, case), _expect(x, k, lens), "hint-free top-k")
+    state = st_.new_state(rows, device)
+    want = _expect(x, k, lens)
+    _assert_same(_run(x, k, lens, case, state=state), want, "hint-free top-k")
+    check_state(state, x, k, lens, want[0])
+    if case["backend"] == "cuda" and case["kind"] == "normal" and lens is None:
+        check_cuda_bound(state, k, n, case["split"])
+
+
+def check_cuda_bound(state, k, n, split) -> None:
+    """The CUDA backend's hint-free bound on unstructured rows it splits: the kk-th largest of
+    4 pow2(kk) group maxima admits the row's candidates in the first counting pass (ROUNDS 1),
+    about 1.15 kk of them (the smallest of pow2(kk) maxima admitted kk ln kk: > 6 kk at 512)."""
+    from flashrt_kernels.topk import cuda_select
+
+    if split is None and n <= cuda_select.SHORT_MAX:
+        return  # one block: no bound
+    kk = min(k, n)
+    rounds, count = state[:, st_.ROUNDS].cpu(), state[:, st_.ACCEPTED_COUNT].cpu()
+    assert bool((rounds == 1).all()), f"the bound did not admit the candidates: rounds {rounds}"
+    loose = count > 2 * kk + 16
+    assert not bool(loose.any()), f"bound admits {count.max().item()} keys for k = {kk}"
 
 
 def check_state(state, x, k, lens, want_values) -> None:
