@@ -14,13 +14,21 @@ How:
   logical positions and blocks of ``BLOCK_N`` at fixed absolute logical positions; one split is
   one program; a query of ``ceil(n / SPLIT_KEYS)`` splits writes its output directly when that is
   1, else partials that ``invariant_combine_kernel`` merges in split order (fixed 64-wide chunks).
-- One tile shape and one instruction for every query: a program is one node, its ``G`` query
-  heads the rows of one ``ROWS``-row tile (16 for ``G <= 16``: ``mma.sync``, 4 warps), one KV
-  head and one split; nothing about the launch (``q_max``, the batch, the tree) changes it.
-- One loop and one code path for every block (compiled without FMA contraction): the slot of
-  logical position ``pos`` is ``pos`` below ``cache_len`` and ``cache_len + select(bits, pos -
-  cache_len)`` above it (the index of a set bit, integer arithmetic); keys past the node's own
-  extent are zero-masked loads with -inf scores, exactly as in a shorter or longer tree.
+- One tile shape and one instruction for every query: a program holds ``NODES`` nodes (4) of
+  ``ROWS`` (16) tile rows each, a node's ``G`` query heads, as one 64-row tile (warpgroup MMA);
+  one KV head; one split. A node's rows are the same rows of the same instruction whatever sits
+  in the other rows (a decode step is one live node of four), so ``q_max``, the batch, the tree
+  and the node's place in the tile do not reach its bits.
+- Committed blocks (every key below ``cache_len``) load K/V once for the tile. Blocks reaching
+  the new nodes take, for each node ``c``, the same ``[64, d] x [d, 64]`` dots against node
+  ``c``'s own slots (logical ``pos`` -> ``cache_len + select(bits, pos - cache_len)``, the index
+  of a set bit: integer arithmetic), keeping node ``c``'s rows of the scores and feeding the
+  probabilities of its rows only (zeros elsewhere) to its PV dot; so a row sees exactly the dot
+  it would see in a committed block, and the other nodes' dots add exact zeros to it. Keys past a
+  node's own extent are zero-masked loads with -inf scores; a block wholly past a row's extent
+  leaves its state unchanged (m kept, p = 0, alpha = 1). Compiled without FMA contraction.
+  (Corner: an accumulator that is exactly -0, possible only if every weighted value is -0, can
+  turn +0 by those zero products.)
 - fp32 scores and softmax statistics (exp2 domain), probabilities rounded to the K/V dtype for PV,
   one output rounding: ``faithful`` to ``reference.gqa_attention`` with the default mode's bound.
 - K/V slots at or past ``cache_lens + q_lens`` are never read (the gather only follows mask bits
@@ -74,7 +82,7 @@ def _select_bit(bits, t):
 
 @triton.jit
 def _node_bits(Mask, b, node, q_len, stride_mb, stride_mi, MASK_MODE: tl.constexpr):
-    """Mask row of ``node`` as int64 bits, limited to the live nodes ``< q_len``."""
+    """Mask rows of ``node`` (a vector) as int64 bits, limited to the live nodes ``< q_len``."""
     live = node < q_len
     if MASK_MODE == 2:
         bits = tl.load(Mask + b * stride_mb + node * stride_mi, mask=live, other=0)
@@ -82,16 +90,17 @@ def _node_bits(Mask, b, node, q_len, stride_mb, stride_mi, MASK_MODE: tl.constex
         bits = bits & tl.where(q_len >= 64, -1, keep)
     else:
         j = tl.arange(0, 64)
-        row = tl.load(Mask + b * stride_mb + node * stride_mi + j,
-                      mask=j < tl.where(live, q_len, 0), other=0)  # fmt: skip
+        row = tl.load(Mask + b * stride_mb + node[:, None] * stride_mi + j[None, :],
+                      mask=live[:, None] & (j[None, :] < q_len), other=0)  # fmt: skip
         one = tl.full(row.shape, 1, tl.int64)
-        bits = tl.sum(tl.where(row != 0, one << j.to(tl.int64), 0), 0)
+        bits = tl.sum(tl.where(row != 0, one << j[None, :].to(tl.int64), 0), 1)
     return bits
 
 
 @triton.jit
 def _visible(Mask, b, node, cache_len, q_len, stride_mb, stride_mi, MASK_MODE: tl.constexpr):
-    """(n, bits): the node's visible logical length (0 for a dead node) and its mask bits."""
+    """(n, bits) per entry of ``node``: the visible logical length (0 for a dead node) and the
+    mask bits."""
     if MASK_MODE == 0:
         bits = node.to(tl.int64) * 0
         seen = node + 1
@@ -99,6 +108,32 @@ def _visible(Mask, b, node, cache_len, q_len, stride_mb, stride_mi, MASK_MODE: t
         bits = _node_bits(Mask, b, node, q_len, stride_mb, stride_mi, MASK_MODE)
         seen = _popcount64(bits)
     return tl.where(node < q_len, cache_len + seen, 0), bits
+
+
+@triton.jit
+def _softmax_step(s, pos, end_r, m_i, l_i):
+    """Scores past each row's extent to -inf, then the online-softmax statistics (fp32)."""
+    s = tl.where(pos[None, :] < end_r[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _node_slots(pos, cache_len, bits_r, end_r, nd, c, capacity, MASK_MODE: tl.constexpr):
+    """Slots of node ``c``'s logical positions ``pos`` and which of them it reads."""
+    pick = nd == c
+    end_c = tl.max(tl.where(pick, end_r, 0), 0)
+    if MASK_MODE == 0:
+        slot = pos
+    else:
+        # every row of node c holds its bits; min, not max: bit 63 makes them negative
+        bits_c = tl.min(tl.where(pick, bits_r, 0x7FFFFFFFFFFFFFFF), 0)
+        t = pos - cache_len
+        slot = tl.where(t < 0, pos, cache_len + _select_bit(bits_c, tl.maximum(t, 0)))
+    return slot, (pos < end_c) & (slot < capacity)
 
 
 @triton.jit
@@ -110,14 +145,14 @@ def gqa_invariant_kernel(
     stride_ob, stride_ot, stride_oh,
     stride_mb, stride_mi,
     capacity, q_max, max_splits, n_kv_heads, qk_scale,
-    HEAD_DIM: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_KEYS: tl.constexpr, BLOCK_D: tl.constexpr, MASK_MODE: tl.constexpr,
-    HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
+    HEAD_DIM: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, NODES: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK_MODE: tl.constexpr, HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """One program: one node (its ``G`` heads as the rows of one tile) x one KV head x one split
-    of ``SPLIT_KEYS`` logical keys. MASK_MODE: 0 causal, 1 bool/uint8 ``[B, q_max, q_max]``,
-    2 bit rows int64 ``[B, q_max]``."""
-    node = tl.program_id(0)
+    """One program: ``NODES`` nodes (``ROWS`` tile rows each: the node's ``G`` query heads) x one
+    KV head x one split of ``SPLIT_KEYS`` logical keys. MASK_MODE: 0 causal, 1 bool/uint8
+    ``[B, q_max, q_max]``, 2 bit rows int64 ``[B, q_max]``."""
+    grp = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // n_kv_heads
@@ -128,13 +163,16 @@ def gqa_invariant_kernel(
         row = tl.load(Rows + b).to(tl.int64)
     else:
         row = b.to(tl.int64)
+    r = tl.arange(0, NODES * ROWS)
+    nd = r // ROWS
+    node = grp * NODES + nd
+    head = h * G + r % ROWS
+    r_ok = (r % ROWS < G) & (node < q_len)
     n_vis, bits = _visible(Mask, b, node, cache_len, q_len, stride_mb, stride_mi, MASK_MODE)
     start = split * SPLIT_KEYS
-    end = tl.minimum(n_vis, start + SPLIT_KEYS)
+    end_r = tl.minimum(n_vis, start + SPLIT_KEYS)
+    end = tl.max(end_r, 0)
     if end > start:
-        r = tl.arange(0, ROWS)
-        head = h * G + r
-        r_ok = r < G
         d = tl.arange(0, BLOCK_D)
         d_ok = d < HEAD_DIM
         q_rows = b.to(tl.int64) * stride_qb + node.to(tl.int64) * stride_qt + head * stride_qh
@@ -145,54 +183,69 @@ def gqa_invariant_kernel(
             q = q.to(tl.float32)
         k_base = K + tl.multiple_of(row * stride_kr + h * stride_kh, ALIGN)
         v_base = V + tl.multiple_of(row * stride_vr + h * stride_vh, ALIGN)
-        m_i = tl.full([ROWS], float("-inf"), tl.float32)
-        l_i = tl.zeros([ROWS], tl.float32)
-        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-        # One loop, one code path for every block (committed or new, full or partial): a
-        # block's bits cannot depend on where the committed prefix ends.
-        for n0 in range(start, end, BLOCK_N):
+        m_i = tl.full([NODES * ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([NODES * ROWS], tl.float32)
+        acc = tl.zeros([NODES * ROWS, BLOCK_D], tl.float32)
+        # committed blocks: the same keys for every node, loaded once
+        mid = start + tl.maximum(tl.minimum(end, cache_len) - start, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(start, mid, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
-            if MASK_MODE == 0:
-                slot = pos
-            else:
-                t = pos - cache_len
-                slot = tl.where(t < 0, pos, cache_len + _select_bit(bits, tl.maximum(t, 0)))
-            seen = pos < end
-            ld = (seen & (slot < capacity))[:, None] & d_ok[None, :]
-            k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
-            v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
-            k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=ld, other=0.0)
-            v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=ld, other=0.0)
+            k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
+            v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
+            k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
             if UPCAST:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(seen[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
             p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
             if UPCAST:
                 p_lo = p_lo.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p_lo, v)
-            m_i = m_new
+            acc = tl.dot(p_lo, v, acc * alpha[:, None])
+        # blocks reaching the new nodes: node c's rows take the same dots against node c's own
+        # slots (zero past its extent), selected row by row; the other nodes' PV dots add exact
+        # zeros to its rows, and a block wholly past a row's extent leaves its state unchanged
+        # (-inf scores: m kept, p = 0, alpha = 1). Neither loop is software-pipelined (the
+        # tiles of every node would not fit in shared memory) nor unrolled (registers).
+        for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            s = tl.zeros([NODES * ROWS, BLOCK_N], tl.float32)
+            for c in tl.range(0, NODES, num_stages=1):
+                slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity, MASK_MODE)
+                k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
+                k = tl.load(k_base + k_rows[:, None] + d[None, :],
+                            mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+                if UPCAST:
+                    k = k.to(tl.float32)
+                s = tl.where((nd == c)[:, None], tl.dot(q, tl.trans(k)) * qk_scale, s)
+            p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
+            p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
+            if UPCAST:
+                p_lo = p_lo.to(tl.float32)
+            acc = acc * alpha[:, None]
+            for c in tl.range(0, NODES, num_stages=1):
+                slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity, MASK_MODE)
+                v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
+                v = tl.load(v_base + v_rows[:, None] + d[None, :],
+                            mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+                if UPCAST:
+                    v = v.to(tl.float32)
+                acc = tl.dot(tl.where((nd == c)[:, None], p_lo, 0.0), v, acc)
         n_splits = (n_vis + SPLIT_KEYS - 1) // SPLIT_KEYS
+        mine = r_ok & (start < n_vis)
         o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
         o_rows = b.to(tl.int64) * stride_ob + node.to(tl.int64) * stride_ot + head * stride_oh
         o_rows = tl.multiple_of(o_rows, ALIGN)
-        if n_splits == 1:
-            tl.store(Out + o_rows[:, None] + d[None, :],
-                     _round_to(o, Out.dtype.element_ty, UPCAST),
-                     mask=r_ok[:, None] & d_ok[None, :])  # fmt: skip
-        else:
-            slot_p = ((b.to(tl.int64) * q_max + node) * max_splits + split) * (G * n_kv_heads)
-            slot_p = slot_p + head
-            tl.store(Opart + slot_p[:, None] * HEAD_DIM + d[None, :], acc,
-                     mask=r_ok[:, None] & d_ok[None, :])  # fmt: skip
-            tl.store(Mpart + slot_p, m_i, mask=r_ok)
-            tl.store(Lpart + slot_p, l_i, mask=r_ok)
+        direct = mine & (n_splits == 1)
+        tl.store(Out + o_rows[:, None] + d[None, :], _round_to(o, Out.dtype.element_ty, UPCAST),
+                 mask=direct[:, None] & d_ok[None, :])  # fmt: skip
+        part = mine & (n_splits > 1)
+        slot_p = ((b.to(tl.int64) * q_max + node) * max_splits + split) * (G * n_kv_heads) + head
+        tl.store(Opart + slot_p[:, None] * HEAD_DIM + d[None, :], acc,
+                 mask=part[:, None] & d_ok[None, :])  # fmt: skip
+        tl.store(Mpart + slot_p, m_i, mask=part)
+        tl.store(Lpart + slot_p, l_i, mask=part)
 
 
 @triton.jit
@@ -211,8 +264,9 @@ def invariant_combine_kernel(
     hh = tl.program_id(2)
     cache_len = tl.load(CacheLens + b)
     q_len = tl.load(QLens + b)
-    n_vis, _ = _visible(Mask, b, i, cache_len, q_len, stride_mb, stride_mi, MASK_MODE)
-    n_splits = (n_vis + SPLIT_KEYS - 1) // SPLIT_KEYS
+    n_vis, _ = _visible(Mask, b, i + tl.arange(0, 1), cache_len, q_len, stride_mb, stride_mi,
+                        MASK_MODE)  # fmt: skip
+    n_splits = (tl.max(n_vis, 0) + SPLIT_KEYS - 1) // SPLIT_KEYS
     if n_splits != 1:
         d = tl.arange(0, BLOCK_D)
         d_ok = d < HEAD_DIM
@@ -263,7 +317,9 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
     mask_arg = mask if mask is not None else cache_lens
     smb = mask.stride(0) if mask is not None else 0
     smi = mask.stride(1) if mask is not None else 0
-    gqa_invariant_kernel[(q_max, max_splits, bsz * hkv)](
+    rows = max(16, triton.next_power_of_2(group))
+    nodes = max(1, cfg["BLOCK_M"] // rows)
+    gqa_invariant_kernel[(triton.cdiv(q_max, nodes), max_splits, bsz * hkv)](
         q, k_cache, v_cache, out, opart, mpart, lpart, cache_lens, q_lens,
         cache_rows if cache_rows is not None else cache_lens, mask_arg,
         q.stride(0), q.stride(1), q.stride(2),
@@ -271,7 +327,7 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), out.stride(2), smb, smi,
         cap, q_max, max_splits, hkv, scale * LOG2E,
-        HEAD_DIM=d, G=group, ROWS=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["BLOCK_N"], SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
+        HEAD_DIM=d, G=group, ROWS=rows, NODES=nodes, BLOCK_N=cfg["BLOCK_N"], SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
         HAS_ROWS=cache_rows is not None, UPCAST=upcast, ALIGN=align,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False,
     )  # fmt: skip

@@ -30,7 +30,7 @@ SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4}
 MAX_DOUBLINGS = 20
 # Query-invariant mode: one geometry for every query (constants of the contract: the bits depend
 # on all of them).
-INVARIANT = {"SPLIT_KEYS": 512, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+INVARIANT = {"SPLIT_KEYS": 512, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 def geometry(config: dict | None = None) -> dict:
