@@ -3,7 +3,9 @@
 Paths, each replaying synthetic R2R-geometry episodes (grammar-constrained greedy decoding, so
 random weights give replies of the grammar's shape):
 - the preset, over every episode (the throughput figure);
-- the preset at B=1, over the first ``baseline_episodes`` (against HF at B=1);
+- the preset at B=1, over the first ``baseline_episodes`` (cut to ``baseline_frames`` frames
+  each, if given): against HF at B=1, and the batch-invariance check (replies identical to the
+  preset's at B=8 wherever every kernel is invariant to the batch's composition);
 - the preset without the tree (``grammar_tree_budget=0``, everything else equal), over the
   same subset: the lossless check (greedy replies identical frame for frame where every kernel
   is invariant to the step's query count) and the decode-forwards saving;
@@ -15,6 +17,7 @@ not timed). The baselines replay a subset because they are 10-100x slower per fr
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import torch
@@ -32,6 +35,7 @@ def run(
     episodes: int = 64,
     mean_frames: int = 64,
     baseline_episodes: int = 4,
+    baseline_frames: int | None = None,
     preset_name: str = "fast",
     overrides: dict | None = None,
     dtype: str = "bfloat16",
@@ -42,6 +46,8 @@ def run(
     """Runs every path; returns {"paths": {name: stats}, "identical": {...}, "settings": {...}}."""
     eps = synthetic_episodes(episodes, seed=0, mean_frames=mean_frames)
     subset = eps[: max(1, min(baseline_episodes, episodes))]
+    if baseline_frames is not None:  # the preset replays them whole; compared: the common frames
+        subset = [dataclasses.replace(e, frames=e.frames[:baseline_frames]) for e in subset]
     common = {"dtype": dtype, "constrain_to_grammar": True, "max_new_tokens": 24}
     common.update(overrides or {})
     options = {
@@ -79,11 +85,13 @@ def run(
         "paths": paths,
         "identical": {
             "preset vs preset, no tree": agreement(in_subset, replies["preset, no tree"]),
+            "preset vs preset, B=1": agreement(in_subset, replies["preset, B=1"]),
             "preset vs plain": agreement(in_subset, replies["plain"]),
         },
         "settings": {
             "episodes": episodes,
             "baseline_episodes": len(subset),
+            "baseline_frames": baseline_frames,
             "mean_frames": mean_frames,
             "preset": preset_name,
             "options": {k: repr(v) for k, v in options.items()},

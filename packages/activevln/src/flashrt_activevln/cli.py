@@ -109,6 +109,12 @@ def register(subparsers) -> None:
         default=4,
         help="episodes the slower paths replay (plain, no tree, HF)",
     )
+    bp.add_argument(
+        "--baseline-frames",
+        type=int,
+        default=None,
+        help="cut the slower paths' episodes to this many frames (default: whole)",
+    )
     bp.add_argument("--preset", default="fast")
     bp.add_argument("--option", action="append", default=[], help="NAME=VALUE override")
     bp.add_argument("--dtype", default="bfloat16")
@@ -159,6 +165,7 @@ def _bench(args) -> int:
         episodes=args.episodes,
         mean_frames=args.mean_frames,
         baseline_episodes=args.baseline_episodes,
+        baseline_frames=args.baseline_frames,
         preset_name=args.preset,
         overrides=_parse_overrides(args.option),
         dtype=args.dtype,

@@ -1,15 +1,23 @@
-"""Engine options, their numerics contracts, and the named presets ``reference`` and ``fast``.
+"""Engine options, their numerics contracts, and the named presets ``reference``, ``fast`` and
+``lossless``.
 
 | option | values | contract |
 | --- | --- | --- |
 | ``attention_kernel`` | "reference" | masked softmax attention in torch (the specification) |
 |  | "gqa" | flashrt_kernels.gqa_attention (bf16/fp16): faithful, batch-invariant |
+|  | "gqa_invariant" | the same with ``query_invariant=True``: faithful, and exact per query (a |
+|  |  | query's bits independent of the row's query count, tree and prefix cut); |
+|  |  | needs packed_prefill; a reply's first token comes from its prefill step |
+|  |  | without a tree (trees hold at most 64 nodes; prefill rows run causal) |
 | ``vision_kernel`` | "reference" | per-window / per-image attention in torch |
 |  | "segmented" | flashrt_kernels.segmented_attention (bf16/fp16): faithful |
 | ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
 |  | "batch_invariant" | flashrt_kernels.gemm.linear on decode / tree steps (bf16): faithful, |
 |  |  | a row's result independent of the row count; q, k, v one launch (bit-equal), |
 |  |  | gate, up + SwiGLU one launch (one rounding: faithful) |
+| ``prefill_linear`` | "reference" | torch linears on prefill steps and in the vision tower |
+|  | "batch_invariant" | flashrt_kernels.gemm.linear there too (bf16; bias added after): a |
+|  |  | token's result independent of the step's token and image counts |
 | ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
 | ``gpu_preprocess`` | bool | exact: the same bytes as the CPU Pillow path |
 | ``packed_prefill`` | bool | faithful: norms, projections and MLP over the live tokens only, |
@@ -34,6 +42,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from flashrt_activevln.model.ops import ATTENTION, LINEARS
 from flashrt_activevln.speculation import Sampling
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -44,6 +53,7 @@ class Options:
     attention_kernel: str = "reference"
     vision_kernel: str = "reference"
     decode_linear: str = "reference"
+    prefill_linear: str = "reference"
     rms_norm_kernel: bool = False
     gpu_preprocess: bool = False
     packed_prefill: bool = False
@@ -62,9 +72,10 @@ class Options:
 
     def __post_init__(self):
         for name, allowed in (
-            ("attention_kernel", ("reference", "gqa")),
+            ("attention_kernel", ATTENTION),
             ("vision_kernel", ("reference", "segmented")),
-            ("decode_linear", ("reference", "batch_invariant")),
+            ("decode_linear", LINEARS),
+            ("prefill_linear", LINEARS),
             ("dataset", ("r2r", "rxr")),
             ("dtype", tuple(DTYPES)),
         ):
@@ -74,10 +85,15 @@ class Options:
         for name in ("packed_prefill", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"option {name}={getattr(self, name)!r}: expected a bool")
-        if self.cuda_graphs and not (self.packed_prefill and self.attention_kernel == "gqa"):
+        if self.cuda_graphs and not (self.packed_prefill and self.attention_kernel != "reference"):
             raise ValueError(
-                "option cuda_graphs=True needs packed_prefill=True and attention_kernel='gqa' "
-                "(the captured step is the packed forward over the pool kernel)"
+                "option cuda_graphs=True needs packed_prefill=True and attention_kernel 'gqa' or "
+                "'gqa_invariant' (the captured step is the packed forward over the pool kernel)"
+            )
+        if self.attention_kernel == "gqa_invariant" and not self.packed_prefill:
+            raise ValueError(
+                "option attention_kernel='gqa_invariant' needs packed_prefill=True (rows of more "
+                "than 64 queries are told apart from trees by their live query counts)"
             )
         if (
             not isinstance(self.grammar_tree_budget, int)
@@ -117,6 +133,11 @@ PRESETS = {
         batch_size=8,
     ),
 }
+# fast, with every kernel invariant to the step's composition: greedy replies identical with and
+# without the tree and at every batch size, bit for bit (bf16 on a GPU)
+PRESETS["lossless"] = replace(
+    PRESETS["fast"], attention_kernel="gqa_invariant", prefill_linear="batch_invariant"
+)
 
 
 def preset(name: str, **overrides) -> Options:

@@ -127,6 +127,7 @@ class Engine:
             attention=options.attention_kernel,
             vision_attention=options.vision_kernel,
             decode_linear=options.decode_linear,
+            prefill_linear=options.prefill_linear,
         )
 
     def _sync(self):
@@ -181,6 +182,8 @@ class Engine:
         return out
 
     def _drafts(self, row: _Row) -> tuple[list[Node], list[int]]:
+        if row.starting and self.opt.attention_kernel == "gqa_invariant":
+            return [], []  # a prefill row runs causal there (its trees: at most 64 queries)
         room = self.opt.max_new_tokens - len(row.reply) - 1
         return self.trie.draft(row.node, min(self.opt.grammar_tree_budget, max(room, 0)))
 

@@ -20,7 +20,7 @@ class Qwen25VL:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops | None = None):
         self.cfg = cfg
         self.ops = ops or Ops()
-        if self.ops.decode_linear == "batch_invariant":  # fused q|k|v, gate|up launches
+        if self.ops.fused_weights:  # fused q|k|v, gate|up launches
             weights = fuse_projections(weights, cfg.text)
         self.w = weights
         self.dtype = weights["model.embed_tokens.weight"].dtype

@@ -10,9 +10,19 @@ building block, the reference or a flashrt-kernels op; every choice states its c
 - ``attention="gqa"``: flashrt_kernels.gqa_attention (split-KV GQA decode / tree verify over the
   pool) for bf16 / fp16: faithful to the reference (its stated bound), exact across batch
   compositions and padded query counts; other dtypes take the reference;
+- ``attention="gqa_invariant"``: the same op with ``query_invariant=True``: also exact per query
+  (a query's bits depend only on it and the keys it sees, not on the row's query count, the tree
+  or where the committed prefix ends), so a tree step and a chain of single steps agree bit for
+  bit. Its tree masks hold at most ``INVARIANT_TREE`` nodes: rows of at most that many queries go
+  through one tree launch over the first ``INVARIANT_TREE`` query slots, longer (prefill) rows,
+  which are causal, through one causal launch;
 - ``decode_linear="batch_invariant"``: flashrt_kernels.gemm.linear for the text projections of
   decode / tree steps in bf16 (faithful: the kernel's bound, plus one rounding of the bias add;
   exact across row counts);
+- ``prefill_linear="batch_invariant"``: the same kernel for the text projections of every other
+  step (prefill) and for every vision-tower linear (bias added after in bf16): a token's result
+  never depends on how many tokens or images a step packs (exact across row counts), so with the
+  invariant attention and rows independent norms a row's replies do not depend on the batch;
 - ``vision_attention="segmented"``: flashrt_kernels.segmented_attention (per window / per image,
   variable lengths) for bf16 / fp16: faithful; other dtypes take the reference.
 """
@@ -26,6 +36,9 @@ import torch.nn.functional as F
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FEW_QUERIES = 64
+INVARIANT_TREE = 64  # flashrt_kernels' query-invariant tree masks hold at most this many nodes
+ATTENTION = ("reference", "gqa", "gqa_invariant")
+LINEARS = ("reference", "batch_invariant")
 
 
 def rms_norm_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,17 +88,20 @@ class Ops:
     attention: str = "reference"
     vision_attention: str = "reference"
     decode_linear: str = "reference"
+    prefill_linear: str = "reference"
 
     def __post_init__(self):
-        if self.decode_linear not in ("reference", "batch_invariant"):
-            raise ValueError(
-                "Ops.decode_linear must be 'reference' or 'batch_invariant', "
-                f"got {self.decode_linear!r}"
-            )
+        for name in ("decode_linear", "prefill_linear"):
+            if getattr(self, name) not in LINEARS:
+                raise ValueError(
+                    f"Ops.{name} must be one of {list(LINEARS)}, got {getattr(self, name)!r}"
+                )
         if self.rms_norm not in ("reference", "kernel"):
             raise ValueError(f"Ops.rms_norm must be 'reference' or 'kernel', got {self.rms_norm!r}")
-        if self.attention not in ("reference", "gqa"):
-            raise ValueError(f"Ops.attention must be 'reference' or 'gqa', got {self.attention!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(
+                f"Ops.attention must be one of {list(ATTENTION)}, got {self.attention!r}"
+            )
         if self.vision_attention not in ("reference", "segmented"):
             raise ValueError(
                 "Ops.vision_attention must be 'reference' or 'segmented', "
@@ -103,12 +119,20 @@ class Ops:
         """q [B, H, Q, D] over one pool layer [rows, capacity, Hkv, D] -> [B, Q, H, D].
         ``q_lens`` [B]: live queries per row (default all Q); the kernel skips the others."""
         b, _, nq, _ = q.shape
-        if self.attention == "gqa" and q.dtype in (torch.bfloat16, torch.float16):
+        if self.attention != "reference" and q.dtype in (torch.bfloat16, torch.float16):
             from flashrt_kernels.attention import gqa_attention
 
             lens = lengths.to(torch.int32)
-            q_lens = torch.full_like(lens, nq) if q_lens is None else q_lens.to(torch.int32)
+            given = q_lens is not None
+            q_lens = q_lens.to(torch.int32) if given else torch.full_like(lens, nq)
             qq = q.transpose(1, 2).contiguous()
+            if self.attention == "gqa_invariant":
+                if not given and nq > INVARIANT_TREE:  # rows' masks unknown: not causal
+                    raise ValueError(
+                        "Ops(attention='gqa_invariant'): a step of more than "
+                        f"{INVARIANT_TREE} queries needs q_lens (the packed forward)"
+                    )
+                return _invariant_attention(qq, k_layer, v_layer, lens, q_lens, new_visible, scale)
             return gqa_attention(
                 qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible, scale=scale
             )
@@ -132,26 +156,34 @@ class Ops:
             return segmented_attention(*t, cu, longest, scale=scale).transpose(0, 1)
         return segment_attention_reference(q, k, v, bounds, scale)
 
-    @staticmethod
-    def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Vision-tower linears (batch-invariant with ``prefill_linear="batch_invariant"``)."""
+        if self.prefill_linear == "batch_invariant" and x.dtype == torch.bfloat16:
+            return _invariant_linear(x, w, b)
         return F.linear(x, w, b)
+
+    @property
+    def fused_weights(self) -> bool:
+        """Whether the model keeps q|k|v and gate|up row-concatenated for the fused launches."""
+        return "batch_invariant" in (self.decode_linear, self.prefill_linear)
 
     def text_linear(self, x, w, b=None, few_queries: bool = False) -> torch.Tensor:
         """Text-decoder projections. With ``decode_linear="batch_invariant"``, bf16 steps of at most
         ``FEW_QUERIES`` queries per row go through flashrt_kernels.gemm.linear (fp32 accumulation
         in one fixed K order: a row's result never depends on how many rows there are), the bias
-        added after in bf16; prefill steps keep torch's linear."""
+        added after in bf16; prefill steps keep torch's linear unless
+        ``prefill_linear="batch_invariant"``."""
         if self.fuses(x, few_queries):
-            from flashrt_kernels.gemm import linear
-
-            y = linear(x.reshape(-1, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
-            return y if b is None else y + b
+            return _invariant_linear(x, w, b)
         return F.linear(x, w, b)
 
     def fuses(self, x: torch.Tensor, few_queries: bool) -> bool:
         """Whether a text step goes to the batch-invariant kernels: ``text_linear``'s, and the
         fused ``qkv`` / ``gate_up_swiglu`` launches."""
-        return self.decode_linear == "batch_invariant" and few_queries and x.dtype == torch.bfloat16
+        option = self.decode_linear if few_queries else self.prefill_linear
+        return option == "batch_invariant" and x.dtype == torch.bfloat16
 
     @staticmethod
     def qkv(x, w_qkv, sizes, biases) -> tuple[torch.Tensor, ...]:
@@ -178,3 +210,33 @@ class Ops:
     @staticmethod
     def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
+
+
+def _invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    from flashrt_kernels.gemm import linear
+
+    y = linear(x.reshape(-1, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
+    return y if b is None else y + b
+
+
+def _invariant_attention(q, k_layer, v_layer, lens, q_lens, new_visible, scale) -> torch.Tensor:
+    """``gqa_attention(query_invariant=True)`` for a step whose rows may mix trees (at most
+    ``INVARIANT_TREE`` queries) with longer causal prefill chains: rows up to that many queries
+    take the tree launch over the first ``INVARIANT_TREE`` query slots, the others the causal
+    launch; each row's output comes from its own launch (the other launch skips it: q_len 0)."""
+    from flashrt_kernels.attention import gqa_attention
+
+    nq = q.shape[1]
+    if nq <= INVARIANT_TREE:
+        return gqa_attention(q, k_layer, v_layer, lens, q_lens, tree_mask=new_visible,
+                             scale=scale, query_invariant=True)  # fmt: skip
+    short = q_lens <= INVARIANT_TREE
+    zero = torch.zeros_like(q_lens)
+    t = INVARIANT_TREE
+    tree = gqa_attention(q[:, :t].contiguous(), k_layer, v_layer, lens,
+                         torch.where(short, q_lens, zero), tree_mask=new_visible[:, :t, :t],
+                         scale=scale, query_invariant=True)  # fmt: skip
+    causal = gqa_attention(q, k_layer, v_layer, lens, torch.where(short, zero, q_lens),
+                           scale=scale, query_invariant=True)  # fmt: skip
+    causal[:, :t] = torch.where(short[:, None, None, None], tree, causal[:, :t])
+    return causal
