@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashrt_activevln.config import tiny
-from flashrt_activevln.model import Qwen25VL
+from flashrt_activevln.model import Ops, Qwen25VL
 from flashrt_activevln.weights import load_checkpoint, write_random_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -128,3 +128,33 @@ def test_kernel_options_are_faithful_in_bf16(tmp_path):
     e_gqa = (gqa - exact).abs().max().item()
     assert e_gqa <= 2 * e_ref + 1e-3, (e_gqa, e_ref)
     assert torch.equal(gqa.argmax(-1), exact.argmax(-1))
+
+
+def test_vision_mlp_padding_is_the_same_function(tiny64):
+    """An intermediate size that is not a multiple of 16 is padded with zeros (``pad_mlp``): the
+    padded tower gives the unpadded one's embeddings (float64), and ``unpad_mlp`` restores the
+    checkpoint's tensors exactly."""
+    from dataclasses import replace
+
+    from flashrt_activevln.model.vision import VisionPlan, pad_mlp, unpad_mlp, vision_forward
+
+    cfg, w, _ = tiny64
+    vc = replace(cfg.vision, intermediate_size=cfg.vision.intermediate_size - 3)
+    g = torch.Generator().manual_seed(5)
+    w = dict(w)
+    n = vc.intermediate_size
+    for i in range(vc.depth):
+        p = f"visual.blocks.{i}.mlp."
+        for name in ("gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias"):
+            w[p + name] = w[p + name][:n].clone()
+        w[p + "down_proj.weight"] = w[p + "down_proj.weight"][:, :n].clone()
+    padded = pad_mlp(w, vc)
+    assert padded["visual.blocks.0.mlp.gate_proj.weight"].shape[0] % 16 == 0
+    back = unpad_mlp(padded, vc)
+    assert all(torch.equal(back[k], w[k]) for k in w)
+    grid = (1, 4, 6)
+    pix = torch.randn(24, w["visual.patch_embed.proj.weight"][0].numel(), generator=g).double()
+    plan = VisionPlan(vc, [grid], "cpu")
+    a = vision_forward(w, vc, pix, plan, Ops())
+    b = vision_forward(padded, vc, pix, plan, Ops())
+    assert (a - b).abs().max().item() <= 1e-12

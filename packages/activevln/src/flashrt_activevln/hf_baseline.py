@@ -21,6 +21,9 @@ def hf_model(cfg: ModelConfig, weights: dict[str, torch.Tensor]):
     """Qwen2_5_VLForConditionalGeneration holding ``weights`` (released HF names)."""
     import transformers
 
+    from flashrt_activevln.model.vision import unpad_mlp
+
+    weights = unpad_mlp(weights, cfg.vision)
     hf_cfg = transformers.Qwen2_5_VLConfig(**cfg.to_hf())
     dtype = weights["model.embed_tokens.weight"].dtype
     device = weights["model.embed_tokens.weight"].device

@@ -13,7 +13,6 @@ prefix (incremental commit: only the accepted nodes are copied).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -32,7 +31,7 @@ from flashrt_activevln.speculation import (
     verify_greedy,
     verify_sample,
 )
-from flashrt_activevln.staging import Staging
+from flashrt_activevln.staging import StageClock, Staging
 
 
 @dataclass
@@ -130,10 +129,6 @@ class Engine:
             prefill_linear=options.prefill_linear,
         )
 
-    def _sync(self):
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def capacity(self, episodes: list[Episode]) -> int:
         """KV slots per row: the longest episode (frames are assumed to share the first one's
         size) plus one step's padded queries (rounded up to the graphs' query bucket)."""
@@ -189,7 +184,7 @@ class Engine:
 
     def _step(self, rows: list[_Row | None], out: list[Reply]) -> None:
         dev = self.model.device
-        t0 = time.perf_counter()
+        clock = StageClock(dev)
         turns, pix, grids = {}, [], []
         for r, row in enumerate(rows):
             if row is not None and row.starting:
@@ -202,8 +197,7 @@ class Engine:
                 turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, h, w)
                 pix.append(pv.to(dev))
                 grids.append(grid)
-        self._sync()
-        t1 = time.perf_counter()
+        clock.mark()
         image = None
         if pix and self.opt.cuda_graphs:
             vg = self.vision_graphs
@@ -213,8 +207,7 @@ class Engine:
             self.stats.capture_seconds += vg.capture_seconds - before[1]
         elif pix:
             image = self.model.vision(torch.cat(pix), grids)
-        self._sync()
-        t2 = time.perf_counter()
+        clock.mark()  # the host builds the text step's inputs while the GPU runs the vision tower
 
         chains, chain_pos, drafts = [], [], []
         for r, row in enumerate(rows):
@@ -280,65 +273,70 @@ class Engine:
                 moves.append(self._verify(r, row, chains[r], drafts[r], picked, out))
                 at += n
         self.pool.commit(moves)
-        self._sync()
-        t3 = time.perf_counter()
+        clock.mark()
         s = self.stats.seconds
-        s["preprocess"] += t1 - t0
-        s["vision"] += t2 - t1
-        s["prefill" if turns else "decode"] += t3 - t2
+        for stage, secs in zip(("preprocess", "vision", "prefill" if turns else "decode"),
+                               clock.spans(), strict=True):  # fmt: skip
+            s[stage] += secs
 
     def _inputs(self, rows, turns, chains, chain_pos, drafts) -> tuple[dict, int]:
         """The step's host tensors (padded to the graph buckets with ``cuda_graphs``) and the
-        number of verified positions (each live row's last chain token and its nodes)."""
+        number of verified positions (each live row's last chain token and its nodes). Built
+        in numpy: a step has hundreds of small row and node writes."""
         b = len(rows)
-        q_lens = [
-            len(c) + len(d[0]) if row else 0 for row, c, d in zip(rows, chains, drafts, strict=True)
-        ]
+        q_lens = np.array([len(c) + len(d[0]) if row else 0
+                           for row, c, d in zip(rows, chains, drafts, strict=True)])  # fmt: skip
         q = max(len(c) + len(d[0]) for c, d in zip(chains, drafts, strict=True))
         if self.opt.cuda_graphs:
-            tokens, q = buckets(sum(q_lens), q, b)
-        ids_t = torch.zeros(b, q, dtype=torch.long)
-        pos_t = torch.zeros(3, b, q, dtype=torch.long)
-        vis = torch.eye(q, dtype=torch.bool).repeat(b, 1, 1)
-        img_mask = torch.zeros(b, q, dtype=torch.bool)
+            tokens, q = buckets(int(q_lens.sum()), q, b)
+        ids_t = np.zeros((b, q), dtype=np.int64)
+        pos_t = np.zeros((3, b, q), dtype=np.int64)
+        vis = np.zeros((b, q, q), dtype=bool)
+        vis[:, np.arange(q), np.arange(q)] = True  # padding sees only itself
+        img_mask = np.zeros((b, q), dtype=bool)
+        tri = np.tri(max(len(c) for c in chains), dtype=bool)
         verify, after = [], []
         for r, (chain, (nodes, parents)) in enumerate(zip(chains, drafts, strict=True)):
-            c = len(chain)
-            ids_t[r, :c] = torch.tensor(chain)
+            c, n = len(chain), len(nodes)
+            ids_t[r, :c] = chain
             if r in turns:
                 k = c - len(turns[r].ids)
-                img_mask[r, k:c] = torch.tensor(turns[r].ids) == self.model.cfg.image_token_id
-            pos_t[:, r, :c] = chain_pos[r]
-            vis[r, :c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
-            for i, (node, parent) in enumerate(zip(nodes, parents, strict=True)):
-                j = c + i
-                ids_t[r, j] = node.token
-                pos_t[:, r, j] = rows[r].next_pos - 1 + node.depth - rows[r].node.depth
-                vis[r, j, :c] = True
-                if parent >= 0:
-                    vis[r, j] |= vis[r, c + parent]
+                img_mask[r, k:c] = np.asarray(turns[r].ids) == self.model.cfg.image_token_id
+            pos_t[:, r, :c] = chain_pos[r].numpy()
+            vis[r, :c, :c] = tri[:c, :c]
+            if n:
+                row = rows[r]
+                ids_t[r, c : c + n] = [node.token for node in nodes]
+                depth = np.array([node.depth for node in nodes])
+                pos_t[:, r, c : c + n] = row.next_pos - 1 + depth - row.node.depth
+                tree = vis[r, c : c + n]  # a view: each node sees the chain and its ancestors
+                tree[:, :c] = True
+                for i, parent in enumerate(parents):
+                    if parent >= 0:
+                        tree[i] |= tree[parent]
             if rows[r] is not None:
-                verify += [r * q + c - 1] + [r * q + c + i for i in range(len(nodes))]
+                verify += [r * q + c - 1] + [r * q + c + i for i in range(n)]
                 after += [rows[r].node] + nodes
-        lengths = torch.tensor([row.length if row else 0 for row in rows], dtype=torch.long)
+        lengths = np.array([row.length if row else 0 for row in rows], dtype=np.int64)
         host = {"ids": ids_t, "pos": pos_t, "lengths": lengths, "vis": vis, "img": img_mask}
         verified = len(verify)
         if self.opt.cuda_graphs:  # fixed verified count: every row's chain token and a full tree
             verify += [0] * (b * (1 + self.opt.grammar_tree_budget) - verified)
             after += [None] * (len(verify) - verified)
-        host["verify"] = torch.tensor(verify, dtype=torch.long)
+        host["verify"] = np.array(verify, dtype=np.int64)
         if self.opt.constrain_to_grammar:
             gone = len(self.trie.nodes)  # the table's unconstrained row
-            host["after"] = torch.tensor([gone if n is None else n.index for n in after])
+            host["after"] = np.array([gone if n is None else n.index for n in after])
         if self.opt.packed_prefill:  # live tokens per row; empty rows do no work at all
-            lens = torch.tensor(q_lens, dtype=torch.long)
-            live = (torch.arange(q)[None] < lens[:, None]).reshape(-1).nonzero()[:, 0]
-            if self.opt.cuda_graphs and tokens > live.numel():  # one non-live position repeated
-                free = (torch.arange(q)[None] >= lens[:, None]).reshape(-1).nonzero()[0]
-                live = torch.cat([live, free.expand(tokens - live.numel())])
+            lens = q_lens.astype(np.int64)
+            slot = np.arange(q)[None]
+            live = (slot < lens[:, None]).reshape(-1).nonzero()[0]
+            if self.opt.cuda_graphs and tokens > live.size:  # one non-live position repeated
+                free = (slot >= lens[:, None]).reshape(-1).nonzero()[0][0]
+                live = np.concatenate([live, np.full(tokens - live.size, free)])
             host["q_lens"] = lens
-            host["live"] = live
-        return host, verified
+            host["live"] = live.astype(np.int64)
+        return {k: torch.from_numpy(v) for k, v in host.items()}, verified
 
     def _allowed_table(self) -> torch.Tensor:
         """The trie's children table on the model's device (built once)."""

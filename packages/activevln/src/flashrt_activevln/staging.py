@@ -11,6 +11,8 @@ are returned as they are.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 _ALIGN = 16  # bytes: every view starts aligned for any dtype
@@ -71,3 +73,31 @@ class Staging:
         self._done = torch.cuda.Event()
         self._done.record()
         return views(dev, tensors, spans)
+
+
+class StageClock:
+    """Durations of a step's stages without a synchronization inside the step: marks are CUDA
+    events on the current stream (read once the step's last mark has completed), or host clock
+    readings on a CPU device. On the GPU a span is the stream's time between two marks: the
+    stage's kernels, plus any time the stream waited for the host to submit them."""
+
+    def __init__(self, device: torch.device | str):
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: list = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def spans(self) -> list[float]:
+        """Seconds between consecutive marks (waits for the last mark on the GPU)."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            pairs = zip(self.marks, self.marks[1:], strict=False)
+            return [a.elapsed_time(b) / 1000 for a, b in pairs]
+        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
