@@ -7,11 +7,9 @@ tower's embeddings bit for bit."""
 import pytest
 import torch
 
-from flashrt_activevln.graphs import StepGraphs, VisionGraphs, buckets
+from flashrt_activevln.graphs import StepGraphs, VisionGraphs, all_buckets, buckets
 from flashrt_activevln.model import Qwen25VL
 from flashrt_activevln.model.ops import Ops
-
-pytestmark = pytest.mark.gpu
 
 
 def _cuda_model(tiny64, ops):
@@ -54,6 +52,7 @@ def _pad(x, q_b, tokens, max_verify):
             "live": live, "verify": torch.tensor(verify)}  # fmt: skip
 
 
+@pytest.mark.gpu
 def test_captured_decode_step_is_bit_identical_to_eager(tiny64):
     dev = torch.device("cuda")
     cfg = tiny64[0]
@@ -87,6 +86,7 @@ def test_captured_decode_step_is_bit_identical_to_eager(tiny64):
         assert torch.equal(got_choices[:n], want.argmax(-1)), seed
 
 
+@pytest.mark.gpu
 def test_replayed_vision_tower_is_bit_identical_to_eager(tiny64):
     dev = torch.device("cuda")
     cfg = tiny64[0]
@@ -100,3 +100,38 @@ def test_replayed_vision_tower_is_bit_identical_to_eager(tiny64):
         pixels = torch.randn(n, cfg.vision.patch_dim, generator=g).to(dev)
         got = graphs.run(pixels, grids).clone()
         assert torch.equal(got, model.vision(pixels, grids)), seed
+
+
+@pytest.mark.parametrize("rows,queries", [(1, 40), (3, 70), (8, 200)])
+def test_all_buckets_covers_every_step_shape(rows, queries):
+    """``all_buckets`` (what ``capture_graphs`` captures) holds the bucket of every step of at
+    most ``queries`` queries per row (this test runs on any machine)."""
+    found = set(all_buckets(rows, queries))
+    for q in range(1, queries + 1):
+        for t in range(1, rows * q + 1):
+            assert buckets(t, q, rows) in found, (t, q)
+
+
+@pytest.mark.gpu
+def test_graphs_captured_ahead_give_the_same_replies(tiny64):
+    """``Engine.capture_graphs`` captures every bucket before the replay: the replay then
+    captures nothing and replies as a replay that captured its graphs as it went."""
+    _cuda_model(tiny64, Ops())  # skips without CUDA
+    from flashrt_activevln.data import synthetic_episodes
+    from flashrt_activevln.presets import preset
+    from flashrt_activevln.runtime import Engine
+
+    cfg, w64, proc = tiny64
+    w = {k: t.to("cuda", torch.bfloat16) for k, t in w64.items()}
+    episodes = synthetic_episodes(4, seed=2, mean_frames=3, min_frames=2)
+    opt = preset("fast", batch_size=3, grammar_tree_budget=8, constrain_to_grammar=True)
+    replies = []
+    for ahead in (False, True):
+        eng = Engine(Qwen25VL(cfg, dict(w), Engine.ops_for(opt)), proc, opt)
+        if ahead:
+            assert eng.capture_graphs(episodes) > 0
+        out = eng.replay(episodes)
+        replies.append({(r.episode, r.frame): r.tokens for r in out})
+        if ahead:
+            assert eng.stats.graph_captures == 0
+    assert replies[0] == replies[1]

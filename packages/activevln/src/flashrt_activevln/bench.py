@@ -12,13 +12,16 @@ random weights give replies of the grammar's shape):
 - the plain path (the ``reference`` preset: B=1, no tree, torch ops), over the same subset;
 - optionally HF transformers ``generate`` at B=1 over the same subset (``hf_baseline``).
 Every engine first replays a short warm-up set (kernel compilation and library heuristics are
-not timed). The baselines replay a subset because they are 10-100x slower per frame.
+not timed), then, with ``cuda_graphs``, captures the graph of every token bucket and image count
+its timed replay can meet (``Engine.capture_graphs``; its count and seconds are reported). The
+baselines replay a subset because they are 10-100x slower per frame.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import time
 
 import torch
 
@@ -61,9 +64,14 @@ def run(
     for name, opt in options.items():
         engine = engine_for(checkpoint, random_config, opt, device)
         # the warm-up's pool has the timed set's size, so the timed replay keeps it (and graphs)
-        run_replay(engine, synthetic_episodes(**WARMUP), capacity=engine.capacity(plan[name]))
+        capacity = engine.capacity(plan[name])
+        run_replay(engine, synthetic_episodes(**WARMUP), capacity=capacity)
+        t0 = time.perf_counter()
+        ahead = engine.capture_graphs(plan[name], capacity)  # cuda_graphs: every bucket, now
+        ahead_seconds = time.perf_counter() - t0
         engine.stats = type(engine.stats)()
         replies[name], paths[name] = run_replay(engine, plan[name], progress, name)
+        paths[name].update(graphs_ahead=ahead, graphs_ahead_seconds=ahead_seconds)
         if name == "plain" and hf:
             plain_engine = engine
         del engine
@@ -121,6 +129,8 @@ def rows(result: dict) -> list[dict]:
             row[stage] = f"{v:.2f}"
         if "decode_forwards_per_reply" in s:
             row["forwards/reply"] = f"{s['decode_forwards_per_reply']:.2f}"
+        if s.get("graphs_ahead"):  # captured before the timed replay (not timed)
+            row["graphs ahead (s)"] = f"{s['graphs_ahead']} ({s['graphs_ahead_seconds']:.1f})"
         if s.get("graph_captures"):  # new buckets captured inside the timed replay
             row["graphs (s)"] = f"{s['graph_captures']} ({s['capture_seconds']:.2f})"
         row["x plain"] = f"{plain_ms / ms:.2f}"

@@ -49,6 +49,18 @@ def buckets(tokens: int, queries: int, rows: int) -> tuple[int, int]:
     return min(t_b, rows * q_b), q_b
 
 
+def all_buckets(rows: int, max_queries: int) -> list[tuple[int, int]]:
+    """Every (T_b, Q_b) that ``buckets`` returns for steps of at most ``max_queries`` queries per
+    row over ``rows`` rows (what ``StepGraphs.capture_all`` captures ahead of a replay)."""
+    top = buckets(1, max_queries, rows)[1]
+    found = set()
+    q_b = FEW_QUERIES
+    while q_b <= top:
+        found.update(buckets(t, q_b, rows) for t in range(1, rows * q_b + 1))
+        q_b *= 2
+    return sorted(found, key=lambda k: (k[1], k[0]))
+
+
 def _capture(graph: torch.cuda.CUDAGraph, pool, work) -> float:
     """Runs ``work`` once eagerly on a side stream (kernel compilation, library workspaces, the
     caches it fills), then captures it into ``graph``; returns the seconds it took."""
@@ -152,3 +164,33 @@ class StepGraphs:
         # (the eager run's K/V writes are the same values the replay writes again)
         g.graph.replay()
         return g.logits, g.choices
+
+    def capture_all(self, bucket_list: list[tuple[int, int]], constrained: bool) -> int:
+        """Captures every bucket of ``bucket_list`` not captured yet, over placeholder inputs of
+        the bucket's shapes (query lengths that fill ``T_b``, KV lengths 0: the K/V they write
+        lie past every row's committed prefix, never read). Returns how many were captured."""
+        b = self.pool.k.shape[1]
+        dev = self.pool.k.device
+        hidden = self.model.cfg.text.hidden_size
+        new = 0
+        for t_b, q_b in bucket_list:
+            if (t_b, q_b) in self.graphs:
+                continue
+            q_lens = torch.full((b,), t_b // b, dtype=torch.long)
+            q_lens[: t_b % b] += 1
+            live = (torch.arange(q_b)[None] < q_lens[:, None]).reshape(-1).nonzero()[:, 0]
+            host = {
+                "pos": torch.zeros(3, b, q_b, dtype=torch.long),
+                "lengths": torch.zeros(b, dtype=torch.long),
+                "vis": torch.eye(q_b, dtype=torch.bool).repeat(b, 1, 1),
+                "q_lens": q_lens,
+                "live": live,
+                "verify": torch.zeros(self.max_verify, dtype=torch.long),
+            }
+            if constrained:
+                host["after"] = torch.zeros(self.max_verify, dtype=torch.long)
+            dv = {k: v.to(dev) for k, v in host.items()}
+            embeds = torch.zeros(b, q_b, hidden, dtype=self.model.dtype, device=dev)
+            self.run(embeds, dv, q_b)
+            new += 1
+        return new

@@ -13,6 +13,7 @@ prefix (incremental commit: only the accepted nodes are copied).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from flashrt_activevln.grammar import GrammarTrie, Node, parse_actions
-from flashrt_activevln.graphs import GRAPH_INPUTS, StepGraphs, VisionGraphs, buckets
+from flashrt_activevln.graphs import GRAPH_INPUTS, StepGraphs, VisionGraphs, all_buckets, buckets
 from flashrt_activevln.model import Ops, Qwen25VL
 from flashrt_activevln.presets import Options
 from flashrt_activevln.processor import ActiveVLNProcessor
@@ -129,18 +130,60 @@ class Engine:
             prefill_linear=options.prefill_linear,
         )
 
-    def capacity(self, episodes: list[Episode]) -> int:
-        """KV slots per row: the longest episode (frames are assumed to share the first one's
-        size) plus one step's padded queries (rounded up to the graphs' query bucket)."""
-        need, widest = 0, 0
+    def _extents(self, episodes: list[Episode]) -> tuple[int, int, set]:
+        """(KV slots the longest episode needs, most queries a row feeds in one step, frame
+        sizes); frames are assumed to share their episode's first frame's size."""
+        need, widest, sizes = 0, 0, set()
         extra = self.opt.max_new_tokens + 2
         for ep in episodes:
             h, w = load_frame(ep.frames[0]).shape[:2]
+            sizes.add((h, w))
             first = len(self.proc.turn(ep.instruction, True, h, w).ids)
             later = len(self.proc.turn(ep.instruction, False, h, w).ids)
             need = max(need, first + extra + (len(ep.frames) - 1) * (later + extra))
             widest = max(widest, first, later)
-        return need + buckets(1, widest + self.opt.grammar_tree_budget + 2, 1)[1]
+        return need, widest + self.opt.grammar_tree_budget + 2, sizes
+
+    def capacity(self, episodes: list[Episode]) -> int:
+        """KV slots per row: the longest episode plus one step's padded queries (rounded up to
+        the graphs' query bucket)."""
+        need, queries, _ = self._extents(episodes)
+        return need + buckets(1, queries, 1)[1]
+
+    def _ensure_pool(self, need: int) -> None:
+        if self.pool is None or self.pool.capacity < need:
+            self.pool, self.graphs = None, None
+            self.pool = self.model.new_pool(self.opt.batch_size, need)
+
+    def capture_graphs(self, episodes: list[Episode], capacity: int | None = None) -> int:
+        """With ``cuda_graphs`` on a GPU: captures ahead of a replay of ``episodes`` every text
+        step bucket and vision-tower image count that replay can meet (over the KV pool made
+        for it), so the replay itself captures nothing. Returns how many graphs it captured
+        (a few seconds for the 3B model at B=8)."""
+        if not (self.opt.cuda_graphs and self.model.device.type == "cuda"):
+            return 0
+        _, queries, sizes = self._extents(episodes)
+        self._ensure_pool(capacity or self.capacity(episodes))
+        b = self.opt.batch_size
+        if self.graphs is None:
+            self.graphs = self._new_graphs()
+        new = self.graphs.capture_all(all_buckets(b, queries), self.opt.constrain_to_grammar)
+        vg = self.vision_graphs
+        patch_dim = self.model.w["visual.patch_embed.proj.weight"][0].numel()
+        for h, w in sorted(sizes):
+            grid = self.proc.grid(h, w)
+            for k in range(1, b + 1):
+                if tuple([tuple(grid)] * k) not in vg.graphs:
+                    pix = torch.zeros(k * math.prod(grid), patch_dim, device=self.model.device)
+                    vg.run(pix, [grid] * k)
+                    new += 1
+        return new
+
+    def _new_graphs(self) -> StepGraphs:
+        children = self._allowed_table() if self.opt.constrain_to_grammar else None
+        verify = self.opt.batch_size * (1 + self.opt.grammar_tree_budget)
+        return StepGraphs(self.model, self.pool, verify, children,
+                          greedy=not self.sampling.do_sample)  # fmt: skip
 
     def release_row(self, row: int) -> None:
         """Called when a row's episode ends (a hook for tests)."""
@@ -150,10 +193,7 @@ class Engine:
         hold its addresses) is kept from the last replay when it has room for ``capacity`` slots
         per row (default: what these episodes need)."""
         b = self.opt.batch_size
-        need = capacity or self.capacity(episodes)
-        if self.pool is None or self.pool.capacity < need:
-            self.pool, self.graphs = None, None
-            self.pool = self.model.new_pool(b, need)
+        self._ensure_pool(capacity or self.capacity(episodes))
         queue = deque(enumerate(episodes))
         rows: list[_Row | None] = [None] * b
         out: list[Reply] = []
@@ -236,9 +276,7 @@ class Engine:
         extent = int(host["lengths"].max()) + host["ids"].shape[1]  # from the host: no read
         if self.opt.cuda_graphs:
             if self.graphs is None:
-                children = self._allowed_table() if self.opt.constrain_to_grammar else None
-                self.graphs = StepGraphs(self.model, self.pool, len(host["verify"]), children,
-                                         greedy=not self.sampling.do_sample)  # fmt: skip
+                self.graphs = self._new_graphs()
             before = (len(self.graphs.graphs), self.graphs.capture_seconds)
             logits, choices = self.graphs.run(
                 embeds, {k: dv[k] for k in GRAPH_INPUTS if k in dv}, extent
