@@ -53,6 +53,18 @@ def _attend(q, k, v, visible, scale):
     return torch.where(denom > 0, o / torch.where(denom > 0, denom, 1.0), 0.0)
 
 
+def _decode_args(q, k_cache, cache_rows, tree_mask, scale):
+    """The arguments both decode references read alike: (query heads per KV head, the scale,
+    each batch row's pool row (int64), the tree mask as bool ``[B, q_max, q_max]`` or None)."""
+    bsz, q_max, hq, d = q.shape
+    g = hq // k_cache.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    rows = torch.arange(bsz, device=q.device) if cache_rows is None else cache_rows.long()
+    if tree_mask is not None and tree_mask.dtype == torch.int64:
+        tree_mask = unpack_tree_mask(tree_mask, q_max)
+    return g, scale, rows, tree_mask
+
+
 def gqa_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -69,12 +81,10 @@ def gqa_attention(
     ``tree_mask`` is bool ``[B, q_max, q_max]`` or bit-packed int64 ``[B, q_max]``; None = causal.
     Vectorized with ``torch.where`` so stale (even NaN) slots past the live extent cannot leak.
     """
-    bsz, q_max, hq, d = q.shape
-    cap, hkv = k_cache.shape[1], k_cache.shape[2]
-    g = hq // hkv
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    bsz, q_max = q.shape[:2]
+    cap = k_cache.shape[1]
+    g, scale, rows, tree_mask = _decode_args(q, k_cache, cache_rows, tree_mask, scale)
     dev = q.device
-    rows = torch.arange(bsz, device=dev) if cache_rows is None else cache_rows.long()
     k = k_cache[rows].float().repeat_interleave(g, dim=2)  # [B, cap, Hq, d]
     v = v_cache[rows].float().repeat_interleave(g, dim=2)
     cl = cache_lens.long()[:, None, None]
@@ -85,8 +95,6 @@ def gqa_attention(
     if tree_mask is None:
         new_ok = j <= qi
     else:
-        if tree_mask.dtype == torch.int64:
-            tree_mask = unpack_tree_mask(tree_mask, q_max)
         jc = j.clamp(0, max(q_max - 1, 0)).expand(bsz, q_max, cap)
         new_ok = torch.gather(tree_mask, 2, jc) if q_max else jc.bool()
     visible = (qi < ql) & (pos < cl + ql) & ((j < 0) | new_ok)  # [B, q_max, cap]
@@ -123,12 +131,8 @@ def gqa_attention_invariant(
     """``gqa_attention`` computed one query at a time over its gathered logical key sequence
     (``logical_slots``), float64: the same function, whose bits depend on nothing but the query
     and that sequence (the ``query_invariant`` contract on the reference backend)."""
-    bsz, q_max, hq, d = q.shape
-    g = hq // k_cache.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    if tree_mask is not None and tree_mask.dtype == torch.int64:
-        tree_mask = unpack_tree_mask(tree_mask, q_max)
-    rows = list(range(bsz)) if cache_rows is None else cache_rows.tolist()
+    g, scale, rows, tree_mask = _decode_args(q, k_cache, cache_rows, tree_mask, scale)
+    rows = rows.tolist()
     out = torch.zeros_like(q)
     for b, (cl, ql) in enumerate(zip(cache_lens.tolist(), q_lens.tolist(), strict=True)):
         for i in range(ql):
