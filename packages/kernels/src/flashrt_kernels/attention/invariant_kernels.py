@@ -40,20 +40,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to
 from flashrt_kernels.attention.splits import invariant_geometry, vector_align
 from flashrt_kernels.backends import triton_interpreter_active
-from flashrt_kernels.triton_helpers import cast_rne
 
-LOG2E = 1.4426950408889634
 COMBINE_CHUNK = 64
-
-
-@triton.jit
-def _round_to(x, dtype: tl.constexpr, EMULATE: tl.constexpr):
-    if EMULATE:
-        return cast_rne(x, dtype)
-    else:
-        return x.to(dtype)
 
 
 @triton.jit
