@@ -73,6 +73,19 @@ def test_fp8_linear_bad_inputs():
         fp8_linear(xq, torch.ones(2), xq[:, :16], torch.ones(2))
 
 
+def test_few_rows_split_depends_on_k_alone():
+    """The tile may follow M and N (it does not move bits); the split must not."""
+    from flashrt_kernels.gemm.few_rows import TILES, launch_config, split_for, tile_for
+
+    for k in (16, 2048, 4096, 8192, 11008, 12288):
+        for n in (1, 2560, 4096, 6144, 22016, 24576, 151936):
+            for m in (1, 4, 16, 17, 32, 33, 64):
+                assert tile_for(k, n, m) in TILES
+                for dtype in (torch.bfloat16, torch.int8):
+                    assert launch_config(k, n, m, dtype)["SPLIT_K"] == split_for(k)
+    assert launch_config(4096)["SPLIT_K"] == split_for(4096)
+
+
 @pytest.mark.gpu
 def test_few_rows_cuda_graph_replay_is_exact():
     x = torch.randn(24, 4096, device="cuda").to(torch.bfloat16)
@@ -90,16 +103,18 @@ def test_few_rows_cuda_graph_replay_is_exact():
 
 
 @pytest.mark.gpu
-def test_few_rows_tile_choices_agree():
-    """Different column tiles and K tiles give the same bits (the split stays a function of K)."""
+@pytest.mark.parametrize("k", [4096, 11008])
+def test_few_rows_tile_choices_agree(k):
+    """Different column tiles, K tiles, warps and stages give the same bits (the split stays a
+    function of K; at K = 11008 it is 4, with boundaries that no K tile moves)."""
     from flashrt_kernels.gemm.few_rows import launch_config
 
-    x = torch.randn(16, 4096, device="cuda").to(torch.bfloat16)
-    w = torch.randn(2048, 4096, device="cuda").to(torch.bfloat16)
+    x = torch.randn(16, k, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2048, k, device="cuda").to(torch.bfloat16)
     base = linear(x, w)
-    for bn, bk in ((16, 64), (64, 256), (32, 128)):
-        cfg = {**launch_config(4096), "BLOCK_N": bn, "BLOCK_K": bk}
-        assert torch.equal(linear(x, w, config=cfg), base), (bn, bk)
+    for bn, bk, warps in ((16, 64, 2), (64, 256, 4), (32, 128, 8), (16, 256, 4)):
+        cfg = {**launch_config(k), "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps}
+        assert torch.equal(linear(x, w, config=cfg), base), (bn, bk, warps)
 
 
 @pytest.mark.gpu
@@ -115,10 +130,13 @@ def test_every_launch_candidate_is_faithful_and_batch_invariant(k):
     bound = 2.0**-8 * ref.abs() + k * 2.0**-22 * reference.abs_products(x, w)
     wq = quantize_int4(w.float())
     want4 = w4a8.w4a8_linear(x, wq, backend="reference")
+    first = None
     for name, make in few_rows.CANDIDATES.items():
         cfg = make(k)
         y = linear(x, w, config=cfg)
         assert ((y.double() - ref).abs() <= bound).all(), name
+        first = y if first is None else first
+        assert torch.equal(y, first), f"{name}: tiles must not change the bits"
         for lo, hi in ((7, 9), (0, 24), (40, 64)):  # 1 and 2 row tiles per program; y took 4
             assert torch.equal(linear(x[lo:hi].contiguous(), w, config=cfg), y[lo:hi]), name
     for name, make in w4a8.CANDIDATES.items():

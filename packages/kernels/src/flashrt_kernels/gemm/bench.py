@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
 from flashrt_kernels.gemm import few_rows, w4a8
@@ -63,7 +65,7 @@ def _few_rows_shape(k, n, rows):
         for name, make in few_rows.CANDIDATES.items():
             cfg = make(k)
             cand[f"bf16[{name}]_us"] = _t([lambda w=w: linear(x, w, out=y, config=cfg) for w in bf])
-        t_bf16 = cand[f"bf16[{few_rows.DEFAULT}]_us"]
+        t_bf16 = _t([lambda w=w: linear(x, w, out=y) for w in bf])
         t_i8 = _t([lambda w=w: linear(x, w[0], w[1], out=y) for w in i8])
         t_f8 = _t([lambda w=w: linear(x, w[0], w[1], out=y) for w in f8])
         sa = x8s[:, None]
@@ -109,6 +111,53 @@ def run(quick: bool = False) -> list[dict]:
         rows_out += _few_rows_shape(k, n, ROWS[:2] if quick else ROWS)
         torch.cuda.empty_cache()
     return rows_out
+
+
+@triton.jit
+def _read_kernel(X, Y, n_words, BLOCK: tl.constexpr):
+    """A plain streaming read (each program sums one contiguous block): what reading the same
+    bytes costs in the same harness, launch and tail included."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + tl.program_id(0), tl.sum(tl.load(X + offs, mask=offs < n_words, other=0), 0))
+
+
+def _read_us(ws, block=4096, warps=4) -> float:
+    words = [w.view(torch.int32).reshape(-1) for w in ws]
+    grid = (triton.cdiv(words[0].numel(), block),)
+    out = torch.empty(grid[0], dtype=torch.int32, device="cuda")
+    return _t([lambda v=v: _read_kernel[grid](v, out, v.numel(), BLOCK=block, num_warps=warps)
+               for v in words])  # fmt: skip
+
+
+@register_benchmark(
+    "gemm_bf16", "gemm", "batch-invariant bf16 few-row linear vs cuBLAS and the n32_k128 tile"
+)
+def run_bf16(quick: bool = False) -> list[dict]:
+    """M = 1, 4, 16, 64 on every shape: cuBLAS, ours (``launch_config``'s tile), the tile before
+    the 2026-12-03 sweep (``n32_k128`` everywhere), and a plain read of the same weight bytes."""
+    out = []
+    for k, n in SHAPES[:6] if quick else SHAPES:
+        bf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+              for _ in range(rotation(2 * n * k))]  # fmt: skip
+        fl = floor_us(2 * n * k)
+        t_read = min(_read_us(bf), _read_us(bf, 16384, 8))
+        for m in (1, 4, 16, 64):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            old = few_rows.CANDIDATES[few_rows.DEFAULT](k)
+            t_cublas = _t([lambda w=w: F.linear(x, w) for w in bf])
+            t_ours = _t([lambda w=w: linear(x, w, out=y) for w in bf])
+            t_old = _t([lambda w=w: linear(x, w, out=y, config=old) for w in bf])
+            out.append({
+                "K": k, "N": n, "M": m, "floor_us": fl, "read_us": t_read, "cublas_us": t_cublas,
+                "ours_us": t_ours, "before_us": t_old, "ours_floor_frac": fl / t_ours,
+                "before_floor_frac": fl / t_old, "cublas_floor_frac": fl / t_cublas,
+                "read_floor_frac": fl / t_read, "x_cublas": t_cublas / t_ours,
+                "x_before": t_old / t_ours, "tile": few_rows.tile_for(k, n, m),
+            })  # fmt: skip
+        del bf
+        torch.cuda.empty_cache()
+    return out
 
 
 @register_benchmark("gemm_prefill", "gemm", "FP8 W8A8 prefill GEMM vs torch._scaled_mm")
@@ -181,7 +230,8 @@ def main() -> None:
 
     from flashrt_kernels.benchmarking import markdown_table, write_results
 
-    table = {"gemm": run, "gemm_prefill": run_prefill, "gemm_producers": run_producers}
+    table = {"gemm": run, "gemm_bf16": run_bf16, "gemm_prefill": run_prefill,
+             "gemm_producers": run_producers}  # fmt: skip
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")

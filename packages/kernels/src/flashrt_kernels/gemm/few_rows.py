@@ -6,11 +6,13 @@ accumulation.
 
 Contracts:
 - batch invariance (``exact``): rows are tiled by a fixed 16 (a program takes 1, 2 or 4 such tiles
-  as the batches of one dot, sharing the weight tile) and K is walked in one fixed order (tiles of
-  ``BLOCK_K`` in sequence, then, for a K-dependent split, the partial sums added in split order);
-  nothing depends on M, so row r is bit-identical for every M; the split depends on K alone, so
-  columns are bit-identical for every N (q|k|v fused == separate, gate|up fused ==
-  separate projections followed by ``quant.silu_mul``);
+  as the batches of one dot, sharing the weight tile) and K is walked in one fixed order (16-wide
+  mma steps in sequence, then, for a K-dependent split at multiples of ``SPLIT_GRANULE``, the
+  partial sums added in split order); the split depends on K alone, so row r is bit-identical for
+  every M and columns for every N (q|k|v fused == separate, gate|up fused == separate projections
+  followed by ``quant.silu_mul``); the tile (columns, K tile, warps, stages) does not move a bit,
+  so on the GPU it is chosen by M and N (``tile_for``); the interpreter runs one tile (numpy's
+  fp32 dot sums in a tile-dependent order);
 - against ``reference.linear`` (float64 products): ``faithful``, |y - y_ref| <= 2**-8 |y_ref| +
   K * 2**-22 * sum_k |x_k w_k scale| (fp32 accumulation in another order plus the output rounding).
 """
@@ -28,25 +30,38 @@ from flashrt_kernels.quant.device import swiglu
 from flashrt_kernels.triton_helpers import cast_rne, to_f32
 
 BLOCK_M = 16
+# Split boundaries are multiples of this (not of BLOCK_K), so the K tile never moves them.
+SPLIT_GRANULE = tl.constexpr(256)
 WEIGHT_DTYPES = (torch.bfloat16, torch.int8, torch.float8_e4m3fn)
 IMPLEMENTED = ("triton", "reference")
 
 
-def _split(k: int, at4096: int, at8192: int, at2048: int = 1) -> int:
-    return at8192 if k >= 8192 else at4096 if k >= 4096 else at2048 if k >= 2048 else 1
+def split_for(k: int) -> int:
+    """The split of K: a function of K alone (never of M or N), so it never moves a column's bits."""
+    return 4 if k >= 8192 else 1
 
 
-# Named launch shapes, each a function of K only (never of M or N). The benchmark times all of
-# them; DEFAULT is the one measured fastest on the H200.
-CANDIDATES = {
-    "n32_k128": lambda k: {"BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": _split(k, 1, 4),
-                           "num_warps": 4, "num_stages": 4},
-    "n64_k128": lambda k: {"BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": _split(k, 4, 8, 2),
-                           "num_warps": 4, "num_stages": 4},
-    "n32_k256": lambda k: {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": _split(k, 2, 4),
-                           "num_warps": 4, "num_stages": 3},
-}  # fmt: skip
+# Named tiles (BLOCK_N, BLOCK_K, num_warps, num_stages). A tile never changes the bits (the mma
+# sequence per 16-row tile is the same; split boundaries are multiples of SPLIT_GRANULE), so the
+# tile may depend on M and N. CANDIDATES (each tile with split_for(K)) are what the benchmark
+# times and the GPU tests check one by one.
+TILES = {
+    "n32_k128": (32, 128, 4, 4),  # the default outside tile_for's measured range
+    "n16_k128_w2s7": (16, 128, 2, 7),
+    "n32_k128_s3": (32, 128, 4, 3),
+    "n64_k128": (64, 128, 4, 4),
+    "n64_k64": (64, 64, 4, 4),
+}
 DEFAULT = "n32_k128"
+
+
+def _tile_config(name: str, k: int) -> dict:
+    bn, bk, warps, stages = TILES[name]
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split_for(k), "num_warps": warps,
+            "num_stages": stages}  # fmt: skip
+
+
+CANDIDATES = {name: (lambda k, name=name: _tile_config(name, k)) for name in TILES}
 
 
 def row_tiles_for(m: int) -> int:
@@ -55,9 +70,24 @@ def row_tiles_for(m: int) -> int:
     return 1 if m <= BLOCK_M else 2 if m <= 2 * BLOCK_M else 4
 
 
-def launch_config(k: int) -> dict:
-    """Tile and split choice: a function of K only (never of M or N)."""
-    return CANDIDATES[DEFAULT](k)
+def tile_for(k: int, n: int, m: int) -> str:
+    """The tile measured fastest on the H200 (2026-12-03 sweep, docs/kernels/gemm.md) for bf16
+    weights; the default outside the measured range (N < 4096 or N > 32768, 17-32 rows)."""
+    if n < 4096 or n > 32768 or BLOCK_M < m <= 2 * BLOCK_M:
+        return DEFAULT
+    if m > 2 * BLOCK_M:  # 4 row tiles: wider columns read the activations fewer times
+        return "n64_k128" if k >= 8192 or n <= 8192 else "n64_k64"
+    if k >= 8192:
+        return DEFAULT
+    return "n16_k128_w2s7" if n <= 8192 else "n32_k128_s3"
+
+
+def launch_config(k: int, n: int | None = None, m: int = 1, weight_dtype=torch.bfloat16) -> dict:
+    """Tile and split: the split is a function of K only; the tile (bits-neutral) is chosen by
+    ``tile_for`` for bf16 weights when N is given, else the default tile."""
+    if n is None or weight_dtype != torch.bfloat16:
+        return _tile_config(DEFAULT, k)
+    return _tile_config(tile_for(k, n, m), k)
 
 
 @triton.jit
@@ -106,7 +136,7 @@ def _dot_columns(X, W, rows, cols, m, n_rows_w, k0, k_len, stride_x, stride_w,
     return tl.reshape(acc3, (ROW_TILES * 16, BLOCK_N))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])  # M only enters masks: one compilation for every M
 def _few_rows_kernel(
     X, W, WS, Y, P, m, n_out, k, split, stride_x, stride_w, stride_y,
     HAS_SCALE: tl.constexpr, GATE_UP: tl.constexpr, PARTIAL: tl.constexpr,
@@ -115,7 +145,7 @@ def _few_rows_kernel(
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * 16 * ROW_TILES + tl.arange(0, 16 * ROW_TILES)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_len = tl.cdiv(tl.cdiv(k, split), BLOCK_K) * BLOCK_K
+    k_len = tl.cdiv(tl.cdiv(k, split), SPLIT_GRANULE) * SPLIT_GRANULE
     k0 = pid_s * k_len
     k_len = tl.minimum(k_len, k - k0)
     n_w = 2 * n_out if GATE_UP else n_out
@@ -152,7 +182,7 @@ def _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y,
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def _split_reduce_kernel(P, WS, Y, m, n_out, split, stride_y, HAS_SCALE: tl.constexpr,
                          GATE_UP: tl.constexpr,
                          BLOCK_N: tl.constexpr):  # fmt: skip
@@ -176,7 +206,9 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
     m, k = x.shape
     if m == 0 or n_out == 0:
         return
-    cfg = dict(config or launch_config(k))
+    upcast = triton_interpreter_active() or x.device.type == "cpu"
+    # the interpreter's fp32 dot (numpy) sums in a tile-dependent order: one tile there
+    cfg = dict(config or (launch_config(k) if upcast else launch_config(k, n_out, m, w.dtype)))
     split, bn = cfg.pop("SPLIT_K"), cfg["BLOCK_N"]
     stages = cfg.pop("num_stages")
     row_tiles = row_tiles_for(m)
@@ -189,7 +221,7 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
     _few_rows_kernel[grid](
         x, w, ws, y, part, m, n_out, k, split, x.stride(0), w.stride(0), y.stride(0),
         HAS_SCALE=has_scale, GATE_UP=gate_up, PARTIAL=split > 1, ROW_TILES=row_tiles,
-        UPCAST=triton_interpreter_active() or x.device.type == "cpu", **cfg, **kernel_kwargs,
+        UPCAST=upcast, **cfg, **kernel_kwargs,
     )  # fmt: skip
     if split > 1:
         _split_reduce_kernel[(triton.cdiv(m, BLOCK_M), grid[1])](
