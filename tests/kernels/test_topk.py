@@ -297,3 +297,47 @@ def test_cuda_bound_on_rows_with_structure(k):
         _assert_bits_equal(topk(x.cuda(), k, state=state, backend="cuda"), want)
         check_state(state, x, k, None, want[0])
     check_cuda_bound(state, k, n, None)  # the unstructured rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("n", "ks", "split", "lengths"),
+    [
+        (1 << 20, (512, 1), None, None),  # 256 blocks: 8 groups per block (a warp shuffle), 1
+        (262144, (512, 2048), 8, None),  # 256 groups per block; 1024 (shared atomics)
+        (262144, (2048,), 2, None),  # 4096 per block (one per thread and item)
+        (100003, (2048,), 1, None),  # one block of 8192 groups (two tile parities)
+        (100003, (4096, 2048, 512), 7, None),  # 14336 maxima: the last block ranks them in parts
+        (100003, (2048,), 3, None),  # 3 blocks x 4096 = 12288 maxima
+        (262144, (1024,), None, (262144, 150001)),  # a shorter row: fewer blocks hold groups
+    ],
+)
+def test_cuda_bound_every_group_layout(n, ks, split, lengths):
+    """The block-local groups of the hint-free bound in every layout (groups per block from 1 to
+    8192, more maxima than one part of the last block's table, rows with fewer nonempty blocks),
+    calls of several k on one workspace: exact, the state as documented, and on normal rows the
+    candidates admitted at once (at most 2 kk + 16 of them); bf16 rows (ties) exact."""
+    _cuda_or_skip()
+    from flashrt_kernels.topk import cuda_select
+    from flashrt_kernels.topk.properties import check_state
+
+    g = torch.Generator().manual_seed(n + len(ks))
+    lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, n, generator=g).to(dtype)
+        for k in ks:
+            want = reference.topk(x, k, lens)
+            state = st.new_state(2, "cuda")
+            ov = torch.full((2, k), float("nan"), dtype=dtype, device="cuda")
+            oi = torch.full((2, k), -7, dtype=torch.int32, device="cuda")
+            cl = None if lens is None else lens.cuda()
+            cuda_select.launch(x.cuda(), k, cl, ov, oi, state, None, split)
+            assert torch.equal(oi.cpu(), want[1])
+            bits = torch.int32 if dtype == torch.float32 else torch.int16
+            assert torch.equal(ov.cpu().view(bits), want[0].view(bits))
+            check_state(state, x, k, lens, want[0])
+            if dtype == torch.float32:
+                kk = torch.tensor(lengths or (n, n)).clamp(max=k)
+                s = state.cpu()
+                assert bool((s[:, st.ROUNDS] == 1).all()), s[:, st.ROUNDS]
+                assert bool((s[:, st.ACCEPTED_COUNT] <= 2 * kk + 16).all()), s[:, st.ACCEPTED_COUNT]

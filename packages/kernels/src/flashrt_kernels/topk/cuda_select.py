@@ -30,7 +30,7 @@ CAP = 16384  # candidates the finishing block ranks in shared memory
 TILE = 512 * 8  # elements a pass block covers per iteration (chunks are multiples of it)
 BLOCKS_PER_SM = 4  # pass blocks per SM the split aims at (4 x 512 threads fill an SM)
 HIST_BINS = 4096
-BOUND_GROUPS = 8192  # select.cu's BOUND_GROUPS: group maxima of the hint-free bound per row
+BOUND_SLOTS = 2 * 8192  # select.cu's BOUND_SLOTS: group maxima of the hint-free bound per row
 CTRL_WORDS = 32
 STEPS = 3  # step launches after the counting pass (digit passes 0..2 end in a known K-th key)
 FINISH_THREADS = 1024
@@ -126,7 +126,7 @@ def _workspace(device, b: int, s: int, chunk: int) -> dict[str, torch.Tensor]:
         ws = {
             "ctrl": torch.zeros((b, CTRL_WORDS), **i32),
             "hist": torch.zeros((b, HIST_BINS), **i32),
-            "gmax": torch.zeros((b, BOUND_GROUPS), **i32),
+            "gmax": torch.zeros((b, BOUND_SLOTS), **i32),
             "tc": torch.zeros((b, 8), **i32),
             "seg": torch.zeros((b * max(s, 1) * segcap * 2,), **i32),
             "segcnt": torch.zeros((b * max(s, 1),), **i32),

@@ -16,7 +16,10 @@ __device__ int block_compact(const void* row, int lo, int hi, u32 lo_key, int2* 
     int carry = 0;
     int c8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const int tile = blockDim.x * TILE_ITEMS;
+    if (lo + tile < hi) prefetch_l2<DT>(row, lo + tile, min(lo + 2 * tile, hi));
     for (int base = lo; base < hi; base += tile) {
+        if (base + 2 * tile < hi)  // two tiles ahead
+            prefetch_l2<DT>(row, base + 2 * tile, min(base + 3 * tile, hi));
         const int w0 = base + warp * 32 * TILE_ITEMS + lane;
         u32 keys[TILE_ITEMS];
         u32 hit[TILE_ITEMS];
@@ -73,14 +76,22 @@ __device__ bool last_to_arrive(int* ctrl_row, int blocks, int* flag) {
     return last;
 }
 
-// The lower bound L on the K-th key. Element i of the row is in group i mod G (G = 4x the power
-// of two >= kk, at most BOUND_GROUPS); the kk-th largest of the G group maxima is <= the K-th key
-// (kk distinct groups each hold an element at least that large). Found to 2 x BOUND_BITS bits
-// by two histogram passes over the maxima in the row's last block; that bucket's lower edge is
-// the bound. On rows without structure it admits about 1.15 kk keys (the smallest maximum of
-// pow2(kk) groups admitted kk ln kk). Chunks are multiples of the tile (TILE_ITEMS x 512 =
-// HIST_BINS): thread t at item q of a tile sees group (tile parity x tile + q 512 + t) mod G.
-// gmax [BOUND_GROUPS] per row collects the maxima.
+// The lower bound L on the K-th key. The row's elements fall into M disjoint groups, each inside
+// one block's chunk: element lo + p of block c (p < chunk) is in group (c, p mod Gb), where
+// G = 4x the power of two >= kk (at most BOUND_GROUPS) and Gb = G / (the power of two <= the
+// row's S_row nonempty blocks), at least 1, so that M = S_row Gb >= G (= G when S_row is a power
+// of two <= G; else < 2 G, or S_row <= 1024 when Gb = 1). The kk-th largest of the M group
+// maxima is <= the K-th key (kk distinct groups each hold an element at least that large).
+// Every block stores its own Gb maxima with plain stores (no atomics between blocks, which
+// contended in L2: S x G of them on G addresses); the row's last block finds the kk-th largest
+// of the M values to 2 x BOUND_BITS bits by two histogram passes, and that bucket's lower edge
+// is the bound. On rows without structure it admits about 1.15 kk keys (kk <= 1024; 1.39 kk at
+// kk = 4096); a row sorted by value admits about a quarter of itself (its top kk lie in a few
+// blocks: exact all the same, by the later passes). Chunks are multiples of the tile
+// (TILE_ITEMS x 512 = HIST_BINS): thread t at item q of a tile is in group
+// (c, (tile parity x tile + q 512 + t) mod Gb), the same partition up to the groups' names.
+// gmax [BOUND_SLOTS] per row: block c's maxima at [c Gb, (c + 1) Gb), each written by every call
+// that reads it (nothing to zero).
 template <int DT>
 __global__ void __launch_bounds__(512) bound_kernel(
     const void* scores, long long stride, const int* lengths, int n, int k, int chunk, int S,
@@ -93,20 +104,27 @@ __global__ void __launch_bounds__(512) bound_kernel(
     int kk = k < len ? k : len;
     if (len <= short_max || kk == 0) return;
     int* cr = ctrl + (long long)b * CTRL_WORDS;
-    int* gmax = gmax_all + (long long)b * BOUND_GROUPS;
+    int* gmax = gmax_all + (long long)b * BOUND_SLOTS;
     const void* row = (const char*)scores + (long long)b * stride * (DT == 0 ? 4 : 2);
     const int tile = blockDim.x * TILE_ITEMS;  // == HIST_BINS
     int G = 1;
     while (G < kk) G <<= 1;
     G = 4 * G < BOUND_GROUPS ? 4 * G : BOUND_GROUPS;
-    for (int j = threadIdx.x; j < G; j += blockDim.x) grp[j] = 0u;
+    const int s_row = (len + chunk - 1) / chunk;
+    int P = 1;
+    while (2 * P <= s_row) P <<= 1;
+    const int Gb = G > P ? G / P : 1, M = s_row * Gb;
+    for (int j = threadIdx.x; j < Gb; j += blockDim.x) grp[j] = 0u;
     __syncthreads();
     int lo = c * chunk, hi = lo + chunk < len ? lo + chunk : len;
-    u32 mx[2][TILE_ITEMS];  // by the tile's parity (G = 2 tiles), else all in mx[0]
+    u32 mx[2][TILE_ITEMS];  // by the tile's parity (Gb = 2 tiles), else all in mx[0]
 #pragma unroll
     for (int q = 0; q < TILE_ITEMS; ++q) mx[0][q] = mx[1][q] = 0u;
-    const bool two = G > tile;
+    const bool two = Gb > tile;
+    if (lo + tile < hi) prefetch_l2<DT>(row, lo + tile, min(lo + 2 * tile, hi));
     for (int base = lo; base < hi; base += tile) {
+        if (base + 2 * tile < hi)  // two tiles ahead
+            prefetch_l2<DT>(row, base + 2 * tile, min(base + 3 * tile, hi));
         u32 u[TILE_ITEMS];
         load_strided<DT, TILE_ITEMS>(row, base, hi, u);
         if (two && ((base / tile) & 1)) {
@@ -117,36 +135,67 @@ __global__ void __launch_bounds__(512) bound_kernel(
             for (int q = 0; q < TILE_ITEMS; ++q) mx[0][q] = u[q] > mx[0][q] ? u[q] : mx[0][q];
         }
     }
+    if (Gb <= (int)blockDim.x) {  // all of a thread's items are in group t mod Gb
+        u32 m = mx[0][0];
 #pragma unroll
-    for (int q = 0; q < TILE_ITEMS; ++q) {
-        const int g = threadIdx.x + q * blockDim.x;
-        if (mx[0][q]) atomicMax(&grp[g & (G - 1)], mx[0][q]);
-        if (mx[1][q]) atomicMax(&grp[tile + g], mx[1][q]);
+        for (int q = 1; q < TILE_ITEMS; ++q) m = mx[0][q] > m ? mx[0][q] : m;
+        for (int o = 16; o >= Gb; o >>= 1) {  // lanes of one group (Gb < 32)
+            u32 y = __shfl_xor_sync(0xffffffffu, m, o);
+            m = y > m ? y : m;
+        }
+        if (m && (Gb >= 32 || (int)(threadIdx.x & 31) < Gb))
+            atomicMax(&grp[threadIdx.x & (Gb - 1)], m);
+    } else if (Gb < tile) {  // items q and q + Gb / 512 share a group
+#pragma unroll
+        for (int q = 0; q < TILE_ITEMS; ++q)
+            if (mx[0][q]) atomicMax(&grp[(threadIdx.x + q * blockDim.x) & (Gb - 1)], mx[0][q]);
+    } else {  // one group per item (and tile parity)
+#pragma unroll
+        for (int q = 0; q < TILE_ITEMS; ++q) {
+            const int g = threadIdx.x + q * blockDim.x;
+            grp[g] = mx[0][q];
+            if (two) grp[tile + g] = mx[1][q];
+        }
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < G; j += blockDim.x)
-        if (grp[j]) atomicMax((u32*)&gmax[j], grp[j]);
+    if (c < s_row)
+        for (int j = threadIdx.x; j < Gb; j += blockDim.x) gmax[c * Gb + j] = (int)grp[j];
     if (!last_to_arrive(cr, S, scratch + 48)) return;
-    // the row's last block: the G maxima (key 0: a group without elements) into grp, then two
-    // passes of BOUND_BINS-bin histograms over them
+    // the row's last block: the M maxima (key 0: a group without elements) through grp, at once
+    // when they fit, else BOUND_GROUPS at a time in every pass; two passes of BOUND_BINS-bin
+    // histograms over them
+    const bool staged = M <= BOUND_GROUPS;
     u32 lmax = 0u;
-    for (int j = threadIdx.x; j < G; j += blockDim.x) {
-        u32 v = (u32)__ldcg(&gmax[j]);
-        gmax[j] = 0;  // zero for the next call
-        grp[j] = v;
-        lmax = v > lmax ? v : lmax;
+    if (staged) {
+        for (int j = threadIdx.x; j < M; j += blockDim.x) {
+            u32 v = (u32)__ldcg(&gmax[j]);
+            grp[j] = v;
+            lmax = v > lmax ? v : lmax;
+        }
     }
-    lmax = __reduce_max_sync(0xffffffffu, lmax);
     u32 prefix = 0u, mask = 0u;
     int need = kk;
 #pragma unroll 1
     for (int shift = 32 - BOUND_BITS; shift >= 32 - 2 * BOUND_BITS; shift -= BOUND_BITS) {
         for (int j = threadIdx.x; j < BOUND_BINS; j += blockDim.x) bins[j] = 0;
         __syncthreads();
-        for (int base = 0; base < G; base += blockDim.x) {
-            int j = base + threadIdx.x;
-            u32 v = j < G ? grp[j] : 0u;
-            hist_add(bins, (v >> shift) & (BOUND_BINS - 1), j < G && (v & mask) == prefix);
+#pragma unroll 1
+        for (int h = 0; h < M; h += BOUND_GROUPS) {
+            const int m = M - h < BOUND_GROUPS ? M - h : BOUND_GROUPS;
+            if (!staged) {
+                __syncthreads();  // the previous part is counted
+                for (int j = threadIdx.x; j < m; j += blockDim.x) {
+                    u32 v = (u32)__ldcg(&gmax[h + j]);
+                    grp[j] = v;
+                    lmax = v > lmax ? v : lmax;
+                }
+                __syncthreads();
+            }
+            for (int base = 0; base < m; base += blockDim.x) {
+                int j = base + threadIdx.x;
+                u32 v = j < m ? grp[j] : 0u;
+                hist_add(bins, (v >> shift) & (BOUND_BINS - 1), j < m && (v & mask) == prefix);
+            }
         }
         __syncthreads();
         find_bucket(bins, BOUND_BINS, need, scratch + 40, scratch);  // the bins hold >= need
@@ -155,6 +204,7 @@ __global__ void __launch_bounds__(512) bound_kernel(
         need -= scratch[41];
         __syncthreads();
     }
+    lmax = __reduce_max_sync(0xffffffffu, lmax);
     if (threadIdx.x == 0) scratch[1] = 0;
     __syncthreads();
     if ((threadIdx.x & 31) == 0) atomicMax((u32*)&scratch[1], lmax);
@@ -265,12 +315,10 @@ __global__ void __launch_bounds__(512) count_kernel(
     int lo = c * chunk, hi = lo + chunk < len ? lo + chunk : len;
     if (lo > hi) lo = hi;
     if (hint != nullptr) {
-        // the chunk's lines start toward L2 now, while the guess is gathered (no bound pass
-        // read the row before this one)
-        const char* bytes = (const char*)row + (long long)lo * (DT == 0 ? 4 : 2);
-        const int lines = ((hi - lo) * (DT == 0 ? 4 : 2) + 127) / 128;
-        for (int j = threadIdx.x; j < lines; j += blockDim.x)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(bytes + 128LL * j));
+        // the chunk's first two tiles start toward L2 now, while the guess is gathered (no
+        // bound pass read the row before this one); the compaction prefetches the later ones
+        // (all of a chunk at once overflowed L2 at large B x N: 64 MB at B = 64, N = 256k)
+        prefetch_l2<DT>(row, lo, min(lo + 2 * (int)blockDim.x * TILE_ITEMS, hi));
         if (threadIdx.x == 0) gmin = 0xffffffffu;
         __syncthreads();
         u32 m = 0xffffffffu;

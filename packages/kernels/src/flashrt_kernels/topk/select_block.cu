@@ -18,10 +18,11 @@
 //   - longer rows: several blocks per row, one launch per pass over the row. The last block of a
 //     row to finish a launch (an arrival counter; nobody waits for anybody) decides what the
 //     row's next launch does:
-//       1. a lower bound L on the K-th key: the row's elements fall into G = 4 x pow2(k) disjoint
-//          groups; the k-th largest of the G group maxima is <= the K-th largest, and admits
-//          about 1.15 k keys on rows without structure (`bound_kernel`, hint-free) -- or, with a
-//          hint, the smallest current score at the hinted positions (a guess, not a bound);
+//       1. a lower bound L on the K-th key: the row's elements fall into at least
+//          G = 4 x pow2(k) disjoint groups, each inside one block's chunk (every block stores its
+//          own maxima, no atomics); the k-th largest of the group maxima is <= the K-th largest,
+//          and admits about 1.15 k keys on rows without structure (`bound_kernel`, hint-free) --
+//          or, with a hint, the smallest current score at the hinted positions (a guess);
 //       2. one pass counts eight thresholds from L upward exactly and compacts the keys >= L into
 //          per-block segments (`count_kernel`). If that admits between k and `cap` keys the
 //          candidates are ready; if another threshold does, the next launch compacts at it;
@@ -52,6 +53,7 @@
 
 #define HIST_BINS 4096
 #define BOUND_GROUPS 8192  // most groups of the hint-free bound (2 x HIST_BINS)
+#define BOUND_SLOTS (2 * BOUND_GROUPS)  // a row's group maxima: fewer than 2 BOUND_GROUPS
 #define BOUND_BITS 11      // digit of the bound's histogram passes over the group maxima
 #define BOUND_BINS (1 << BOUND_BITS)
 #define BUF_WORDS 8192  // the finishing block's buffer for a narrowed bucket
@@ -189,6 +191,17 @@ __device__ __forceinline__ void hist_add(int* h, u32 bin, bool active) {
     } else if (active) {
         atomicAdd(&h[bin], 1);
     }
+}
+
+// The 128-byte lines of row[lo, hi) toward L2, one line per thread (no register waits for them):
+// a pass issues this a fixed distance ahead of its loads, so that they find their lines in L2
+// instead of each tile's loads paying the full DRAM latency between the block's barriers.
+template <int DT>
+__device__ __forceinline__ void prefetch_l2(const void* row, int lo, int hi) {
+    const char* p = (const char*)row + (long long)lo * (DT == 0 ? 4 : 2);
+    const int lines = ((hi - lo) * (DT == 0 ? 4 : 2) + 127) / 128;
+    for (int j = threadIdx.x; j < lines; j += blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128LL * j));
 }
 
 // ITEMS keys per thread, strided by the block: element base + q blockDim + thread (0 past hi).
