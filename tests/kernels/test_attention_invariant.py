@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from flashrt_kernels.attention import KVPool, gqa_attention, reference, workspace_numel
+from flashrt_kernels.attention.invariant_kernels import tile_layout
 from flashrt_kernels.attention.properties import random_tree_mask
+from flashrt_kernels.attention.splits import invariant_geometry
 from flashrt_kernels.registry import properties
 from flashrt_kernels.testing import assert_exact, make_values
 
@@ -89,6 +91,32 @@ def test_reference_backend_is_query_invariant():
 def test_greedy_chain_through_pool_equals_tree_gpu(prefix, hq, hkv, n_nodes):
     chain, tree = _greedy_chain_vs_tree("triton", prefix, hq, hkv, 128, n_nodes, 7)
     assert_exact(chain, tree, what="greedy chain vs tree branch")
+
+
+@pytest.mark.parametrize(("group", "d", "bits"), [(1, 64, True), (4, 128, False), (8, 128, True),
+                                                 (16, 64, False)])  # fmt: skip
+def test_every_tile_slot_gives_the_same_bits(group, d, bits):
+    """Two tiles of root nodes (each sees the prefix and itself): node ``i``, whatever its slot in
+    its tile, equals the q = 1 step that has the prefix and node ``i``'s key committed before it
+    (the steps batched, one per pool row), bit for bit."""
+    prefix, hkv = 70, 2
+    hq = group * hkv
+    rows, nodes = tile_layout(group, invariant_geometry()["BLOCK_M"])
+    n = 2 * nodes
+    q = make_values("normal", (1, n, hq, d), BF16, 11, DEV)
+    k = make_values("normal", (1, prefix + n, hkv, d), BF16, 12, DEV)
+    v = make_values("normal", (1, prefix + n, hkv, d), BF16, 13, DEV)
+    mask = torch.eye(n, dtype=torch.bool, device=DEV)[None]
+    tree = gqa_attention(q, k, v, _lens(prefix), _lens(n),
+                         tree_mask=reference.pack_tree_mask(mask) if bits else mask,
+                         backend="triton", query_invariant=True)  # fmt: skip
+    ks = torch.cat([k[:, :prefix].expand(n, -1, -1, -1), k[0, prefix:, None]], 1)
+    vs = torch.cat([v[:, :prefix].expand(n, -1, -1, -1), v[0, prefix:, None]], 1)
+    cl = torch.full((n,), prefix, dtype=torch.int32, device=DEV)
+    steps = gqa_attention(q[0, :, None].contiguous(), ks.contiguous(), vs.contiguous(), cl,
+                          torch.ones_like(cl), backend="triton", query_invariant=True)  # fmt: skip
+    assert rows * nodes == invariant_geometry()["BLOCK_M"] and rows >= group
+    assert_exact(tree[0], steps[:, 0], what=f"{n} nodes in {rows}-row slots vs q = 1 steps")
 
 
 def test_invariant_inputs_and_workspace():

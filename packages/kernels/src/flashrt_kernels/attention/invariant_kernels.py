@@ -14,21 +14,27 @@ How:
   logical positions and blocks of ``BLOCK_N`` at fixed absolute logical positions; one split is
   one program; a query of ``ceil(n / SPLIT_KEYS)`` splits writes its output directly when that is
   1, else partials that ``invariant_combine_kernel`` merges in split order (fixed 64-wide chunks).
-- One tile shape and one instruction for every query: a program holds ``NODES`` nodes (4) of
-  ``ROWS`` (16) tile rows each, a node's ``G`` query heads, as one 64-row tile (warpgroup MMA);
-  one KV head; one split. A node's rows are the same rows of the same instruction whatever sits
-  in the other rows (a decode step is one live node of four), so ``q_max``, the batch, the tree
-  and the node's place in the tile do not reach its bits.
+- One tile shape and one instruction for every query: a program holds ``NODES`` nodes of
+  ``ROWS`` tile rows each (a node's ``G`` query heads padded to a power of two, at least 4 rows:
+  8 nodes x 8 rows at G = 8, 16 x 4 at G = 4; ``tile_layout``, a function of ``G`` only) as one
+  64-row tile (warpgroup MMA); one KV head; one split. A node's rows are the same rows of the
+  same instruction whatever sits in the other rows (a decode step is one live node of the tile),
+  so ``q_max``, the batch, the tree and the node's place in the tile do not reach its bits: an
+  MMA computes each output row from its own A row alone, in the same order at every row offset
+  (checked bit for bit on the H200). Under the interpreter the dots are broadcast products
+  summed in order (``_mma``), for the same reason: numpy's matmul rounds a row differently at
+  another offset modulo 16.
 - Committed blocks (every key below ``cache_len``) load K/V once for the tile. Blocks reaching
-  the new nodes take, for each node ``c``, the same ``[64, d] x [d, 64]`` dots against node
-  ``c``'s own slots (logical ``pos`` -> ``cache_len + select(bits, pos - cache_len)``, the index
-  of a set bit: integer arithmetic), keeping node ``c``'s rows of the scores and feeding the
-  probabilities of its rows only (zeros elsewhere) to its PV dot; so a row sees exactly the dot
-  it would see in a committed block, and the other nodes' dots add exact zeros to it. Keys past a
-  node's own extent are zero-masked loads with -inf scores; a block wholly past a row's extent
-  leaves its state unchanged (m kept, p = 0, alpha = 1). Compiled without FMA contraction.
-  (Corner: an accumulator that is exactly -0, possible only if every weighted value is -0, can
-  turn +0 by those zero products.)
+  the new nodes take one step per live node ``c``: K and V gathered from node ``c``'s own slots
+  (logical ``pos`` -> ``cache_len + select(bits, pos - cache_len)``, the index of a set bit:
+  integer arithmetic), the same ``[64, d] x [d, 64]`` QK dot and online-softmax step and PV dot
+  as a committed block, with -inf scores on every row but node ``c``'s; so a row sees exactly
+  the step it would see in a committed block, and the other nodes' steps are exact identities
+  for it (m kept, alpha = 1, p = 0: the PV dot adds zeros). Nodes past ``q_len`` are skipped.
+  Keys past a node's own extent are zero-masked loads with -inf scores; a block wholly past a
+  row's extent leaves its state unchanged. Compiled without FMA contraction. (Corner: an
+  accumulator that is exactly -0, possible only if every weighted value is -0, can turn +0 by
+  those zero products.)
 - fp32 scores and softmax statistics (exp2 domain), probabilities rounded to the K/V dtype for PV,
   one output rounding: ``faithful`` to ``reference.gqa_attention`` with the default mode's bound.
 - K/V slots at or past ``cache_lens + q_lens`` are never read (the gather only follows mask bits
@@ -45,6 +51,33 @@ from flashrt_kernels.attention.splits import invariant_geometry, vector_align
 from flashrt_kernels.backends import triton_interpreter_active
 
 COMBINE_CHUNK = 64
+# Most nodes in one tile (G < 4 pads a node to 64 / MAX_NODES rows): the blocks reaching the new
+# nodes run one dependent gather + dot per node, so this bounds that serial chain.
+MAX_NODES = 16
+
+
+def tile_layout(group: int, block_m: int) -> tuple[int, int]:
+    """(tile rows per node, nodes per tile): a node's ``G`` query heads padded to a power of two,
+    as many nodes as fill ``block_m`` rows. A function of ``G`` (and the geometry) only, never of
+    the node count, so a chain step and a tree run the same tile."""
+    rows = max(triton.next_power_of_2(group), block_m // MAX_NODES)
+    return rows, max(1, block_m // rows)
+
+
+@triton.jit
+def _mma(a, b, acc, EMULATE: tl.constexpr):
+    """``tl.dot(a, b, acc)``. Under the interpreter (``EMULATE``) a broadcast product summed over
+    k in order: every output row is then computed the same way wherever it sits in the tile, as
+    in the MMA; numpy's matmul (OpenBLAS) rounds a row differently at another row offset modulo
+    16, which a node of 8 rows would see."""
+    if EMULATE:
+        prod = tl.sum(a[:, :, None] * b[None, :, :], 1)
+        if acc is None:
+            return prod
+        else:
+            return acc + prod
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -159,6 +192,9 @@ def gqa_invariant_kernel(
     node = grp * NODES + nd
     head = h * G + r % ROWS
     r_ok = (r % ROWS < G) & (node < q_len)
+    # nodes of this tile that hold a query: the per-node loops stop there (a dead node's rows
+    # have no extent: their scores are -inf and their probabilities 0 whether or not it runs)
+    n_live = tl.minimum(q_len - grp * NODES, NODES)
     n_vis, bits = _visible(Mask, b, node, cache_len, q_len, stride_mb, stride_mi, MASK_MODE)
     start = split * SPLIT_KEYS
     end_r = tl.minimum(n_vis, start + SPLIT_KEYS)
@@ -188,41 +224,37 @@ def gqa_invariant_kernel(
             if UPCAST:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = _mma(q, tl.trans(k), None, UPCAST) * qk_scale
             p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
             p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
             if UPCAST:
                 p_lo = p_lo.to(tl.float32)
-            acc = tl.dot(p_lo, v, acc * alpha[:, None])
-        # blocks reaching the new nodes: node c's rows take the same dots against node c's own
-        # slots (zero past its extent), selected row by row; the other nodes' PV dots add exact
-        # zeros to its rows, and a block wholly past a row's extent leaves its state unchanged
-        # (-inf scores: m kept, p = 0, alpha = 1). Neither loop is software-pipelined (the
-        # tiles of every node would not fit in shared memory) nor unrolled (registers).
+            acc = _mma(p_lo, v, acc * alpha[:, None], UPCAST)
+        # blocks reaching the new nodes, one node at a time: node c's rows take the committed
+        # block's step against node c's own slots (zero past its extent); the other rows see
+        # -inf scores, an exact identity (m kept, alpha = 1, p = 0: their PV adds exact zeros),
+        # as do rows whose extent ends before the block. K and V of a node load together; the
+        # loop is not software-pipelined (shared memory) nor unrolled (registers).
         for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
             pos = n0 + tl.arange(0, BLOCK_N)
-            s = tl.zeros([NODES * ROWS, BLOCK_N], tl.float32)
-            for c in tl.range(0, NODES, num_stages=1):
+            for c in tl.range(0, n_live, num_stages=1):
                 slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity, MASK_MODE)
                 k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
+                v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
                 k = tl.load(k_base + k_rows[:, None] + d[None, :],
                             mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-                if UPCAST:
-                    k = k.to(tl.float32)
-                s = tl.where((nd == c)[:, None], tl.dot(q, tl.trans(k)) * qk_scale, s)
-            p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
-            p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
-            if UPCAST:
-                p_lo = p_lo.to(tl.float32)
-            acc = acc * alpha[:, None]
-            for c in tl.range(0, NODES, num_stages=1):
-                slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity, MASK_MODE)
-                v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
                 v = tl.load(v_base + v_rows[:, None] + d[None, :],
                             mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
                 if UPCAST:
+                    k = k.to(tl.float32)
                     v = v.to(tl.float32)
-                acc = tl.dot(tl.where((nd == c)[:, None], p_lo, 0.0), v, acc)
+                s = _mma(q, tl.trans(k), None, UPCAST) * qk_scale
+                s = tl.where((nd == c)[:, None], s, float("-inf"))
+                p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
+                p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
+                if UPCAST:
+                    p_lo = p_lo.to(tl.float32)
+                acc = _mma(p_lo, v, acc * alpha[:, None], UPCAST)
         n_splits = (n_vis + SPLIT_KEYS - 1) // SPLIT_KEYS
         mine = r_ok & (start < n_vis)
         o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
@@ -308,8 +340,7 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
     mask_arg = mask if mask is not None else cache_lens
     smb = mask.stride(0) if mask is not None else 0
     smi = mask.stride(1) if mask is not None else 0
-    rows = max(16, triton.next_power_of_2(group))
-    nodes = max(1, cfg["BLOCK_M"] // rows)
+    rows, nodes = tile_layout(group, cfg["BLOCK_M"])
     gqa_invariant_kernel[(triton.cdiv(q_max, nodes), max_splits, bsz * hkv)](
         q, k_cache, v_cache, out, opart, mpart, lpart, cache_lens, q_lens,
         cache_rows if cache_rows is not None else cache_lens, mask_arg,
@@ -318,7 +349,8 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), out.stride(2), smb, smi,
         cap, q_max, max_splits, hkv, scale * LOG2E,
-        HEAD_DIM=d, G=group, ROWS=rows, NODES=nodes, BLOCK_N=cfg["BLOCK_N"], SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
+        HEAD_DIM=d, G=group, ROWS=rows, NODES=nodes, BLOCK_N=cfg["BLOCK_N"],
+        SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
         HAS_ROWS=cache_rows is not None, UPCAST=upcast, ALIGN=align,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False,
     )  # fmt: skip

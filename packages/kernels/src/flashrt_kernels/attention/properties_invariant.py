@@ -37,7 +37,7 @@ from flashrt_kernels.testing import (
 
 # prefix lengths at block (64) and split (512) boundaries: a chain crosses them while it grows
 PREFIX_EDGES = (0, 1, 2, 63, 64, 65, 127, 128, 505, 508, 511, 512, 513, 1023, 1024, 1025)
-# small (interpreter): drawn trees up to 24 nodes (one program per node is slow to interpret); the
+# small (interpreter): drawn trees up to 24 nodes (the interpreter is slow); the
 # examples hold 33 and 64 nodes
 SMALL = {"nodes": 24, "prefix": 600, "kv_heads": (1, 2), "head_dims": (64, 80, 128), "other": 2}
 REAL = {"nodes": 64, "prefix": 8192, "kv_heads": (2, 8), "head_dims": (128,), "other": 3}
