@@ -246,21 +246,23 @@ def split_combine_kernel(
     UPCAST: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
     KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr,
 ):  # fmt: skip
-    """One query slot, every head: merges each head's splits, all ``TARGET`` slots at once (a
-    fixed reduction shape, whatever the split count). Rows of one split were written by the tile
-    kernel; dead query slots are written as zeros, every head in one store (one program per
-    query slot, not per head: a padded step's dead slots cost little)."""
+    """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
+    shape, whatever the split count). Rows of one split were written by the tile kernel. A dead
+    query slot's zeros are written by its head-0 program, every head in one store; its other
+    programs exit at once (a padded step's dead slots cost little)."""
     i = tl.program_id(0)
     b = tl.program_id(1)
+    hh = tl.program_id(2)
     cache_len = tl.load(CacheLens + b)
     q_len = tl.load(QLens + b)
     d = tl.arange(0, BLOCK_D)
     o_row = Out + b.to(tl.int64) * stride_ob + i * stride_ot
     if i >= q_len:
-        h = tl.arange(0, BLOCK_H)
-        zero = tl.zeros((BLOCK_H, BLOCK_D), dtype=Out.dtype.element_ty)
-        tl.store(o_row + h[:, None] * stride_oh + d[None, :], zero,
-                 mask=(h[:, None] < n_q_heads) & (d[None, :] < HEAD_DIM))  # fmt: skip
+        if hh == 0:
+            h = tl.arange(0, BLOCK_H)
+            zero = tl.zeros((BLOCK_H, BLOCK_D), dtype=Out.dtype.element_ty)
+            tl.store(o_row + h[:, None] * stride_oh + d[None, :], zero,
+                     mask=(h[:, None] < n_q_heads) & (d[None, :] < HEAD_DIM))  # fmt: skip
     else:
         total = tl.minimum(cache_len + q_len, capacity)
         chunk = _row_chunk(total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, DOUBLINGS)
@@ -268,19 +270,18 @@ def split_combine_kernel(
         if n_splits != 1:
             s = tl.arange(0, TARGET)
             s_ok = s < n_splits
-            for hh in range(0, n_q_heads):
-                slot = ((b.to(tl.int64) * slots + i) + s * q_len) * n_q_heads + hh
-                m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
-                m_all = tl.max(m, 0)
-                m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-                w = tl.exp2(m - m_safe)
-                l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
-                o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
-                            mask=s_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
-                acc = tl.sum(w[:, None] * o, 0)
-                o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
-                tl.store(o_row + hh * stride_oh + d, _round_to(o, Out.dtype.element_ty, UPCAST),
-                         mask=d < HEAD_DIM)  # fmt: skip
+            slot = ((b.to(tl.int64) * slots + i) + s * q_len) * n_q_heads + hh
+            m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
+            m_all = tl.max(m, 0)
+            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+            w = tl.exp2(m - m_safe)
+            l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
+            o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
+                        mask=s_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+            acc = tl.sum(w[:, None] * o, 0)
+            o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
+            tl.store(o_row + hh * stride_oh + d, _round_to(o, Out.dtype.element_ty, UPCAST),
+                     mask=d < HEAD_DIM)  # fmt: skip
 
 
 def launch_gqa_tiles(
@@ -346,7 +347,7 @@ def launch_gqa_tiles(
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )  # fmt: skip
     if split:
-        split_combine_kernel[(q_max, bsz)](
+        split_combine_kernel[(q_max, bsz, hq)](
             opart, mpart, lpart, out, cache_lens, q_lens,
             out.stride(0), out.stride(1), out.stride(2),
             cap, slots, hq,
