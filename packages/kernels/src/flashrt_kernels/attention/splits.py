@@ -10,8 +10,9 @@ Workspace (fp32): per row ``slots`` partial slots of ``(output[d], max, sum)`` p
 rows of one split skip it.
 
 Query-invariant mode (``invariant_kernels``): splits of ``SPLIT_KEYS`` logical keys at fixed
-positions (a constant: no length enters it), one 16-row tile per node and program; its workspace
-holds ``ceil(capacity / SPLIT_KEYS)`` partial slots per query.
+positions (a constant: no length enters it), 64-row tiles of 64 / G nodes of G rows each (at
+least 4 rows per node: ``invariant_kernels.tile_layout``, fixed by G alone); its workspace holds
+``ceil(capacity / SPLIT_KEYS)`` partial slots per query.
 """
 
 from __future__ import annotations
