@@ -14,6 +14,7 @@ prefix (incremental commit: only the accepted nodes are copied).
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -295,8 +296,10 @@ class Engine:
                 allowed = self._allowed(dv["after"]) if "after" in dv else None
                 choices = greedy_choices(logits, allowed)
         self.stats.forwards += 1
+        clock.mark()  # before the step's host read, so that read completes it
         if choices is not None:
             choices = choices[:verified].tolist()  # the step's one host read
+        t_read = time.perf_counter()
         allowed = self._allowed(dv["after"]) if "after" in dv and choices is None else None
         moves, at = [], 0
         for r, row in enumerate(rows):
@@ -311,11 +314,12 @@ class Engine:
                 moves.append(self._verify(r, row, chains[r], drafts[r], picked, out))
                 at += n
         self.pool.commit(moves)
-        clock.mark()
+        tail = time.perf_counter() - t_read  # acceptance and the commit's launches, on the host
+        pre, vis, text = clock.spans()
         s = self.stats.seconds
-        for stage, secs in zip(("preprocess", "vision", "prefill" if turns else "decode"),
-                               clock.spans(), strict=True):  # fmt: skip
-            s[stage] += secs
+        s["preprocess"] += pre
+        s["vision"] += vis
+        s["prefill" if turns else "decode"] += text + tail
 
     def _inputs(self, rows, turns, chains, chain_pos, drafts) -> tuple[dict, int]:
         """The step's host tensors (padded to the graph buckets with ``cuda_graphs``) and the

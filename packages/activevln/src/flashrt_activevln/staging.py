@@ -95,7 +95,8 @@ class StageClock:
             self.marks.append(time.perf_counter())
 
     def spans(self) -> list[float]:
-        """Seconds between consecutive marks (waits for the last mark on the GPU)."""
+        """Seconds between consecutive marks (waits for the last mark on the GPU: no wait once a
+        host read issued after it has returned)."""
         if self.cuda:
             self.marks[-1].synchronize()
             pairs = zip(self.marks, self.marks[1:], strict=False)
