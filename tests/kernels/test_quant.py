@@ -11,6 +11,7 @@ NAMES = (
     "rotate_quantize_rows.exact",
     "quantize_rows_nvfp4.exact",
     "layer_norm_quantize.exact",
+    "rms_norm_quantize_nvfp4.exact",
 )
 for _n in NAMES:
     _op = _n.split(".")[0]
@@ -184,3 +185,115 @@ def test_quant_custom_ops_have_fakes():
     q, s = torch.ops.flashrt.quantize_rows(x, "int8", "reference")
     rq, rs = reference.quantize_rows(x, "int8")
     assert torch.equal(q, rq) and torch.equal(s, rs)
+
+
+def _nvfp4_norm_args(**kwargs):
+    x = torch.randn(4, 32, generator=_gen(11)).to(torch.bfloat16)
+    args = {"x": x, "weight": torch.ones(32, dtype=torch.bfloat16), "eps": 1e-6}
+    args.update(kwargs)
+    return args
+
+
+_E4M3 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"x": torch.randn(4, 40).to(torch.bfloat16), "weight": torch.ones(40).bfloat16()},
+         ValueError, "multiple of 16"),
+        ({"x": torch.randn(4, 32)}, TypeError, "x must have dtype"),
+        ({"x": torch.randn(32, 4).to(torch.bfloat16).t()}, ValueError, "unit stride"),
+        ({"weight": torch.ones(16, dtype=torch.bfloat16)}, ValueError, "weight must have shape"),
+        ({"weight": torch.ones(32, dtype=torch.float16)}, TypeError, "weight must have dtype"),
+        ({"eps": 0.0}, ValueError, "eps must be > 0"),
+        ({"residual": torch.randn(4, 32)}, TypeError, "residual must have dtype"),
+        ({"residual_out": torch.empty(4, 32, dtype=torch.bfloat16)}, ValueError, "without residual"),
+        ({"residual": torch.randn(4, 32).bfloat16(), "residual_out": torch.empty(4, 16).bfloat16()},
+         ValueError, "residual_out must have shape"),
+        ({"out": (torch.empty(4, 16, dtype=torch.uint8), torch.empty(4, 2, dtype=torch.uint8),
+                  torch.empty(4))}, TypeError, "block scales"),
+        ({"out": (torch.empty(4, 16, dtype=torch.uint8), torch.empty(4, 2, dtype=_E4M3),
+                  torch.empty(1))}, ValueError, "alpha"),
+        ({"out": (torch.empty(4, 32, dtype=torch.uint8), torch.empty(4, 2, dtype=_E4M3),
+                  torch.empty(4))}, ValueError, "codes"),
+        ({"backend": "cuda"}, ValueError, "backend"),
+    ],
+)  # fmt: skip
+def test_rms_norm_quantize_nvfp4_bad_inputs_raise_clear_errors(kwargs, error, match):
+    from flashrt_kernels.quant import rms_norm_quantize_nvfp4
+
+    args = _nvfp4_norm_args(**kwargs)
+    with pytest.raises(error, match=match):
+        rms_norm_quantize_nvfp4(args.pop("x"), args.pop("weight"), args.pop("eps"), **args)
+
+
+def test_rms_norm_quantize_points_nvfp4_to_its_sibling():
+    from flashrt_kernels.quant import rms_norm_quantize
+
+    args = _nvfp4_norm_args()
+    with pytest.raises(ValueError, match="rms_norm_quantize_nvfp4"):
+        rms_norm_quantize(args["x"], args["weight"], 1e-6, "nvfp4")
+
+
+def test_rms_norm_quantize_nvfp4_ops_reference_and_gemm_layout():
+    """Fakes of both custom ops; the custom ops give the function's bits; the reference backend is
+    the torch composition; the fused outputs feed nvfp4_linear as they are and dequantize to the
+    normalized rows within NVFP4's step."""
+    from flashrt_kernels.gemm.nvfp4_linear import nvfp4_linear
+    from flashrt_kernels.norm import rms_norm
+    from flashrt_kernels.quant import rms_norm_quantize_nvfp4
+
+    ops = torch.ops.flashrt
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        x = torch.empty(3, 64, dtype=torch.bfloat16)
+        c, sf, a = ops.rms_norm_quantize_nvfp4(x, torch.empty(64, dtype=torch.bfloat16), 1e-6,
+                                               "reference")  # fmt: skip
+        assert c.shape == (3, 32) and sf.dtype == _E4M3 and sf.shape == (3, 4) and a.shape == (3,)
+        *_, r = ops.add_rms_norm_quantize_nvfp4(x, x, torch.empty(64, dtype=torch.bfloat16),
+                                                1e-6, "reference")  # fmt: skip
+        assert r.shape == (3, 64) and r.dtype == torch.bfloat16
+    x = torch.randn(3, 64, generator=_gen(12)).to(torch.bfloat16)
+    res = torch.randn(3, 64, generator=_gen(13)).to(torch.bfloat16)
+    w = (torch.rand(64, generator=_gen(14)) + 0.5).to(torch.bfloat16)
+    got = rms_norm_quantize_nvfp4(x, w, 1e-6, residual=res, backend="triton")
+    via_op = ops.add_rms_norm_quantize_nvfp4(x, res, w, 1e-6, "triton")
+    for a, b in zip(got, via_op, strict=True):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == _E4M3 else a,
+                           b.view(torch.uint8) if b.dtype == _E4M3 else b)  # fmt: skip
+    ref = rms_norm_quantize_nvfp4(x, w, 1e-6, residual=res, backend="reference")
+    want = reference.rms_norm_quantize_nvfp4(x, w, 1e-6, res)
+    assert torch.equal(ref[0], want[0]) and torch.equal(ref[2], want[2])
+    assert torch.equal(ref[3], want[3]) and torch.equal(got[3], want[3])
+    y = rms_norm(x, w, 1e-6, residual=res, backend="triton")[0]
+    deq = reference.nvfp4_dequantize(*got[:3])
+    step = (got[1].float() * got[2][:, None]).repeat_interleave(16, 1)
+    assert ((deq - y.float()).abs() <= step + 1e-6).all()
+    wc, wsf, wa = reference.nvfp4_quantize(torch.randn(8, 64, generator=_gen(15)), per_row=True)
+    out = nvfp4_linear(*got[:3], wc, wsf, wa, backend="triton").double()
+    wdeq = reference.nvfp4_dequantize(wc, wsf, wa, torch.float64)
+    exact = deq.double() @ wdeq.t()
+    bound = 2.0**-8 * exact.abs() + 64 * 2.0**-22 * (deq.double().abs() @ wdeq.abs().t())
+    assert ((out - exact).abs() <= bound).all()
+
+
+@pytest.mark.gpu
+def test_rms_norm_quantize_nvfp4_in_a_cuda_graph_is_exact():
+    from flashrt_kernels.quant import rms_norm_quantize_nvfp4
+
+    x = torch.randn(16, 4096, dtype=torch.bfloat16, device="cuda")
+    w, r = torch.randn_like(x[0]), torch.randn_like(x)
+    out = (torch.empty(16, 2048, dtype=torch.uint8, device="cuda"),
+           torch.empty(16, 256, dtype=_E4M3, device="cuda"), torch.empty(16, device="cuda"))  # fmt: skip
+    res = torch.empty_like(x)
+    rms_norm_quantize_nvfp4(x, w, 1e-6, residual=r, out=out, residual_out=res)
+    eager = [t.view(torch.uint8).clone() if t.dtype == _E4M3 else t.clone() for t in (*out, res)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rms_norm_quantize_nvfp4(x, w, 1e-6, residual=r, out=out, residual_out=res)
+    for t in (*out, res):
+        t.view(torch.uint8).zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for t, e in zip((*out, res), eager, strict=True):
+        assert torch.equal(t.view(torch.uint8) if t.dtype == _E4M3 else t, e)

@@ -1,9 +1,17 @@
-"""NVFP4 row quantizer: e2m1 codes (two per byte, low nibble first), one UE4M3 scale per 16
-elements, one fp32 alpha per row (``reference.nvfp4_quantize(x, per_row=True)``).
+"""NVFP4 rows: e2m1 codes (two per byte, low nibble first), one UE4M3 scale per 16 elements, one
+fp32 alpha per row (``reference.nvfp4_quantize(x, per_row=True)``), the layout
+``gemm.nvfp4_linear`` reads.
 
-Contract: ``exact`` against that reference (codes, block scales and alphas bit for bit): every
-division is correctly rounded (``tl.div_rn``), the e4m3 scale is built from the fp32 bits under
-the interpreter and by the native conversion on the GPU.
+Ops:
+- ``quantize_rows_nvfp4(x)``: ``exact`` against that reference (codes, block scales and alphas bit
+  for bit): every division is correctly rounded (``tl.div_rn``), the e4m3 scale is built from the
+  fp32 bits under the interpreter and by the native conversion on the GPU;
+- ``rms_norm_quantize_nvfp4(x, weight, eps, residual=)``: ``norm.rms_norm`` then
+  ``quantize_rows_nvfp4`` in one kernel, ``exact`` against the two kernels: the RMSNorm is
+  ``quant.rows.rms_norm_quantize``'s (``norm.rms_norm``'s helpers, launch shape and column
+  segments, so the normalized rows are its bits) and the quantizer is the device function
+  ``_nvfp4_tile`` that ``quantize_rows_nvfp4`` runs too (max, products and correctly rounded
+  divisions only: no reduction order or fused multiply-add can move a bit).
 """
 
 from __future__ import annotations
@@ -14,42 +22,127 @@ import triton.language as tl
 
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_out, check_tensor
+from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
+from flashrt_kernels.norm.rms_norm import load_segment as norm_load_segment
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import e2m1_code, fp32_to_e4m3_bits
+from flashrt_kernels.quant.rows import _normed_segment, check_norm_inputs
 from flashrt_kernels.triton_helpers import to_f32
 
 OP = "quantize_rows_nvfp4"
 IMPLEMENTED = ("triton", "reference")
+MAX_COLS = 32768
 
 
 @triton.jit
-def _nvfp4_rows_kernel(X, Q, SF, A, n_cols, stride_x, stride_q, stride_sf,
-                       NATIVE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    col_ok = cols < n_cols
-    x = to_f32(tl.load(X + row * stride_x + cols, mask=col_ok, other=0.0))
-    amax = tl.maximum(tl.max(tl.abs(x), axis=0), 7.888609052210118e-31)
-    g = tl.div_rn(2688.0, amax)  # 448 * 6 / amax
-    xb = tl.reshape(x, (BLOCK // 16, 16))
-    amax16 = tl.max(tl.abs(xb), axis=1)
-    sfv = tl.minimum(tl.div_rn(g * amax16, 6.0), 448.0)
+def _nvfp4_tile(Q, SF, rows, row_ok, col0, v, g, n_cols, stride_q, stride_sf,
+                NATIVE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Stores the codes and UE4M3 block scales of the fp32 [ROWS, BLOCK] tile ``v`` (columns
+    ``col0 + [0, BLOCK)``, ``col0`` a multiple of 16, lanes past ``n_cols`` zero), given the rows'
+    ``g = 2688 / amax`` [ROWS]."""
+    vb = tl.reshape(v, (ROWS, BLOCK // 16, 16))
+    amax16 = tl.max(tl.abs(vb), axis=2)
+    sfv = tl.minimum(tl.div_rn(g[:, None] * amax16, 6.0), 448.0)
     if NATIVE:
         sf8 = sfv.to(tl.float8e4nv)
     else:
         sf8 = fp32_to_e4m3_bits(sfv).to(tl.float8e4nv, bitcast=True)
     sff = sf8.to(tl.float32)
-    blocks = tl.arange(0, BLOCK // 16)
-    tl.store(SF + row * stride_sf + blocks, sf8.to(tl.uint8, bitcast=True),
-             mask=blocks < n_cols // 16)  # fmt: skip
-    scaled = tl.div_rn(xb * g, tl.where(sff > 0, sff, 1.0)[:, None])
-    mag = tl.where(sff[:, None] > 0, e2m1_code(tl.abs(scaled)), 0)
+    blocks = col0 // 16 + tl.arange(0, BLOCK // 16)
+    tl.store(SF + rows[:, None] * stride_sf + blocks[None, :], sf8.to(tl.uint8, bitcast=True),
+             mask=row_ok[:, None] & (blocks < n_cols // 16)[None, :])  # fmt: skip
+    scaled = tl.div_rn(vb * g[:, None, None], tl.where(sff > 0, sff, 1.0)[:, :, None])
+    mag = tl.where(sff[:, :, None] > 0, e2m1_code(tl.abs(scaled)), 0)
     code = mag | ((scaled < 0).to(tl.int32) << 3)
-    lo, hi = tl.split(tl.reshape(code, (BLOCK // 2, 2)))
+    lo, hi = tl.split(tl.reshape(code, (ROWS, BLOCK // 2, 2)))
     packed = (lo | (hi << 4)).to(tl.uint8)
-    half = tl.arange(0, BLOCK // 2)
-    tl.store(Q + row * stride_q + half, packed, mask=half < n_cols // 2)
-    tl.store(A + row + tl.arange(0, 1), tl.div_rn(1.0, g) + tl.zeros((1,), tl.float32))
+    half = col0 // 2 + tl.arange(0, BLOCK // 2)
+    tl.store(Q + rows[:, None] * stride_q + half[None, :], packed,
+             mask=row_ok[:, None] & (half < n_cols // 2)[None, :])  # fmt: skip
+
+
+@triton.jit
+def _row_scale(amax):
+    """g = 448 * 6 / max(amax, 2**-100) per row."""
+    return tl.div_rn(2688.0, tl.maximum(amax, 7.888609052210118e-31))
+
+
+@triton.jit
+def _nvfp4_rows_kernel(X, Q, SF, A, n_cols, stride_x, stride_q, stride_sf,
+                       NATIVE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)
+    row_ok = rows >= 0
+    cols = tl.arange(0, BLOCK)
+    x = to_f32(tl.load(X + rows[:, None] * stride_x + cols[None, :],
+                       mask=(cols < n_cols)[None, :], other=0.0))  # fmt: skip
+    g = _row_scale(tl.max(tl.abs(x), axis=1))
+    _nvfp4_tile(Q, SF, rows, row_ok, 0, x, g, n_cols, stride_q, stride_sf, NATIVE, 1, BLOCK)
+    tl.store(A + rows, tl.div_rn(1.0, g))
+
+
+@triton.jit
+def _rms_norm_nvfp4_kernel(
+    X, W, R, RO, Q, SF, A, n_rows, n_cols, stride_x, stride_r, stride_ro, stride_q, stride_sf, eps,
+    HAS_RESIDUAL: tl.constexpr, NATIVE: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    # Up to the row absmax this is rows._rms_norm_quantize_kernel (norm.rms_norm's segments,
+    # helpers and launch shape); segment B starts at a power of two >= 16, so no 16-block
+    # straddles the segments.
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    row_ok = rows < n_rows
+    cols_a = tl.arange(0, BLOCK_A)
+    ok_a = cols_a < BLOCK_A
+    xa = norm_load_segment(X, R, RO, rows, row_ok, cols_a, ok_a, stride_x, stride_r, stride_ro,
+                           HAS_RESIDUAL)  # fmt: skip
+    sum_sq = tl.sum(xa * xa, axis=1)
+    if BLOCK_B > 0:
+        cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+        ok_b = cols_b < n_cols
+        xb = norm_load_segment(X, R, RO, rows, row_ok, cols_b, ok_b, stride_x, stride_r,
+                               stride_ro, HAS_RESIDUAL)  # fmt: skip
+        sum_sq += tl.sum(xb * xb, axis=1)
+    inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
+    dt = X.dtype.element_ty
+    ya = tl.where(row_ok[:, None], _normed_segment(W, xa, inv, cols_a, ok_a, dt), 0.0)
+    amax = tl.max(tl.abs(ya), axis=1)
+    if BLOCK_B > 0:
+        mask_b = row_ok[:, None] & ok_b[None, :]
+        yb = tl.where(mask_b, _normed_segment(W, xb, inv, cols_b, ok_b, dt), 0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(yb), axis=1))
+    g = _row_scale(amax)
+    _nvfp4_tile(Q, SF, rows, row_ok, 0, ya, g, n_cols, stride_q, stride_sf, NATIVE, ROWS, BLOCK_A)
+    if BLOCK_B > 0:
+        _nvfp4_tile(Q, SF, rows, row_ok, BLOCK_A, yb, g, n_cols, stride_q, stride_sf, NATIVE,
+                    ROWS, BLOCK_B)  # fmt: skip
+    tl.store(A + rows, tl.div_rn(1.0, g), mask=row_ok)
+
+
+def _native(dev: torch.device) -> bool:
+    return dev.type == "cuda" and not triton_interpreter_active()
+
+
+def _check_cols(op: str, k: int) -> None:
+    if k % 16 or not 16 <= k <= MAX_COLS:
+        raise ValueError(f"{op}: x's K must be a multiple of 16 in [16, {MAX_COLS}], got {k}")
+
+
+def _alloc_or_check(op, m, k, dev, out):
+    if out is None:
+        return (torch.empty(m, k // 2, dtype=torch.uint8, device=dev),
+                torch.empty(m, k // 16, dtype=torch.float8_e4m3fn, device=dev),
+                torch.empty(m, dtype=torch.float32, device=dev))  # fmt: skip
+    q, sf, alpha = out
+    check_out(op, "out[0] (codes)", q, shape=(m, k // 2), dtype=torch.uint8, device=dev)
+    check_out(op, "out[1] (block scales)", sf, shape=(m, k // 16), dtype=torch.float8_e4m3fn,
+              device=dev)  # fmt: skip
+    check_out(op, "out[2] (alpha)", alpha, shape=(m,), dtype=torch.float32, device=dev)
+    return q, sf, alpha
+
+
+def _copy_outputs(outs, ref) -> None:
+    for o, r in zip(outs, ref, strict=True):
+        o.copy_(r)
 
 
 def quantize_rows_nvfp4(x: torch.Tensor, *, out=None, backend: str = "auto"):
@@ -58,31 +151,55 @@ def quantize_rows_nvfp4(x: torch.Tensor, *, out=None, backend: str = "auto"):
     check_tensor(OP, "x", x, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=2,
                  last_dim_contiguous=True)  # fmt: skip
     m, k = x.shape
-    if k % 16 or not 16 <= k <= 32768:
-        raise ValueError(f"{OP}: x's K must be a multiple of 16 in [16, 32768], got {k}")
+    _check_cols(OP, k)
     dev = x.device
-    if out is None:
-        out = (torch.empty(m, k // 2, dtype=torch.uint8, device=dev),
-               torch.empty(m, k // 16, dtype=torch.float8_e4m3fn, device=dev),
-               torch.empty(m, dtype=torch.float32, device=dev))  # fmt: skip
-    q, sf, alpha = out
-    check_out(OP, "out[0] (codes)", q, shape=(m, k // 2), dtype=torch.uint8, device=dev)
-    check_out(OP, "out[1] (block scales)", sf, shape=(m, k // 16), dtype=torch.float8_e4m3fn,
-              device=dev)  # fmt: skip
-    check_out(OP, "out[2] (alpha)", alpha, shape=(m,), dtype=torch.float32, device=dev)
+    q, sf, alpha = _alloc_or_check(OP, m, k, dev, out)
     if resolve_backend(OP, backend, dev, IMPLEMENTED) == "reference":
-        rq, rsf, ra = reference.nvfp4_quantize(x, per_row=True)
-        q.copy_(rq)
-        sf.copy_(rsf)
-        alpha.copy_(ra)
+        _copy_outputs((q, sf, alpha), reference.nvfp4_quantize(x, per_row=True))
     elif m:
         block = triton.next_power_of_2(k)
         _nvfp4_rows_kernel[(m,)](
             x, q, sf.view(torch.uint8), alpha, k, x.stride(0), q.stride(0), sf.stride(0),
-            NATIVE=dev.type == "cuda" and not triton_interpreter_active(), BLOCK=block,
-            num_warps=4 if block <= 2048 else 8,
+            NATIVE=_native(dev), BLOCK=block, num_warps=4 if block <= 2048 else 8,
         )  # fmt: skip
     return q, sf, alpha
+
+
+def rms_norm_quantize_nvfp4(x, weight, eps: float = 1e-6, *, residual=None, out=None,
+                            residual_out=None, backend: str = "auto"):  # fmt: skip
+    """RMSNorm (+ residual) of bf16 / fp16 [rows, K] rows (K a multiple of 16) straight to NVFP4
+    rows: returns (codes, block scales, alpha) as ``quantize_rows_nvfp4`` or, with a residual,
+    (codes, block scales, alpha, new_residual). ``residual_out`` may be ``residual`` itself."""
+    op = "rms_norm_quantize_nvfp4"
+    residual_out = check_norm_inputs(op, x, weight, eps, residual, residual_out)
+    m, k = x.shape
+    _check_cols(op, k)
+    dev = x.device
+    q, sf, alpha = _alloc_or_check(op, m, k, dev, out)
+    if resolve_backend(op, backend, dev, IMPLEMENTED) == "reference":
+        *ref, new_res = reference.rms_norm_quantize_nvfp4(x, weight, eps, residual)
+        if residual is not None:
+            residual_out.copy_(new_res)
+        _copy_outputs((q, sf, alpha), ref)
+    elif m:
+        block_a, block_b, rows, warps = norm_launch_config(k)
+        has_res = residual is not None
+        _rms_norm_nvfp4_kernel[(triton.cdiv(m, rows),)](
+            x, weight, residual if has_res else x, residual_out if has_res else x, q,
+            sf.view(torch.uint8), alpha, m, k, x.stride(0),
+            residual.stride(0) if has_res else 0, residual_out.stride(0) if has_res else 0,
+            q.stride(0), sf.stride(0), float(eps), HAS_RESIDUAL=has_res, NATIVE=_native(dev),
+            BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps,
+        )  # fmt: skip
+    return (q, sf, alpha) if residual is None else (q, sf, alpha, residual_out)
+
+
+# torch.library registration (functional forms with fake implementations).
+def _fake_nvfp4(x):
+    m, k = x.shape
+    return (x.new_empty(m, k // 2, dtype=torch.uint8),
+            x.new_empty(m, k // 16, dtype=torch.float8_e4m3fn),
+            x.new_empty(m, dtype=torch.float32))  # fmt: skip
 
 
 @torch.library.custom_op("flashrt::quantize_rows_nvfp4", mutates_args=())
@@ -92,7 +209,28 @@ def _nvfp4_op(x: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor
 
 @_nvfp4_op.register_fake
 def _(x, backend):
-    m, k = x.shape
-    return (x.new_empty(m, k // 2, dtype=torch.uint8),
-            x.new_empty(m, k // 16, dtype=torch.float8_e4m3fn),
-            x.new_empty(m, dtype=torch.float32))  # fmt: skip
+    return _fake_nvfp4(x)
+
+
+@torch.library.custom_op("flashrt::rms_norm_quantize_nvfp4", mutates_args=())
+def _rms_norm_nvfp4_op(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return rms_norm_quantize_nvfp4(x, weight, eps, backend=backend)
+
+
+@_rms_norm_nvfp4_op.register_fake
+def _(x, weight, eps, backend):
+    return _fake_nvfp4(x)
+
+
+@torch.library.custom_op("flashrt::add_rms_norm_quantize_nvfp4", mutates_args=())
+def _add_rms_norm_nvfp4_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return rms_norm_quantize_nvfp4(x, weight, eps, residual=residual, backend=backend)
+
+
+@_add_rms_norm_nvfp4_op.register_fake
+def _(x, residual, weight, eps, backend):
+    return (*_fake_nvfp4(x), torch.empty_like(x, memory_format=torch.contiguous_format))

@@ -26,6 +26,7 @@ from flashrt_kernels.testing import (
     test_device,
     value_kinds,
 )
+from flashrt_kernels.testing.values import VALUE_KINDS
 
 REAL_WIDTHS = (2048, 4096, 1152, 11008, 12288)
 KINDS = ("normal", "uniform", "ties", "zeros", "outlier", "huge", "tiny", "denormal",
@@ -233,4 +234,132 @@ def _check_layer_norm_quantize(case) -> None:
 
 PROPERTIES["layer_norm_quantize.exact"] = register_property(
     Property("layer_norm_quantize", "exact", _cases, _check_layer_norm_quantize, _examples)
+)
+
+
+NVFP4_NORM_KINDS = (*KINDS, "zero_rows", "huge_outlier", "e2m1_grid", "scale_range")
+_NVFP4_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)
+
+
+def _rms_nvfp4_cases(scale: str):
+    if scale == "small":
+        rows, k16 = sizes(1, 40), sizes(1, 40, (1, 2, 15, 16, 17, 31, 32, 33))
+    else:
+        rows = sizes(1, 8192, (1, 2, 15, 16, 17, 64, 129, 1024, 8192))
+        k16 = st.sampled_from(tuple(c // 16 for c in REAL_WIDTHS))
+    return st.fixed_dictionaries(
+        {"rows": rows, "k16": k16, "kind": st.sampled_from(NVFP4_NORM_KINDS),
+         "wkind": st.sampled_from(("normal", "tiny")),
+         "dtype": st.sampled_from((torch.bfloat16, torch.float16)), "residual": st.booleans(),
+         "seed": seeds()}
+    )  # fmt: skip
+
+
+def _rms_nvfp4_examples(scale: str):
+    """Block-count boundaries (K = 16 * k16: one block, segment B of one block, powers of two),
+    row boundaries of the 16-row programs, each adversarial kind with and without a residual."""
+    if scale == "small":
+        shapes = [(1, 1), (15, 15), (16, 16), (17, 17), (3, 127), (2, 128), (17, 129)]
+    else:
+        shapes = [(1, 128), (16, 688), (129, 768), (17, 72)]
+    kinds = ("e2m1_grid", "zero_rows", "huge_outlier", "scale_range", "outlier", "huge", "zeros")
+    return [
+        {"rows": r, "k16": k16, "kind": kinds[(i + j) % len(kinds)], "wkind": "normal",
+         "dtype": (torch.bfloat16, torch.float16)[(i + j) % 2], "residual": res, "seed": i}
+        for i, (r, k16) in enumerate(shapes) for j, res in enumerate((False, True))
+    ]  # fmt: skip
+
+
+def _rms_nvfp4_inputs(case, device):
+    """(x, weight, residual or None, eps) for an RMSNorm -> NVFP4 case, built from the seed.
+
+    Own kinds: ``zero_rows`` (every other row of x + residual exactly zero: the amax floor),
+    ``huge_outlier`` (one value per row at 2**60 in bf16, the sum of squares still finite, 2**15 in
+    fp16: the other blocks' scales underflow UE4M3), ``e2m1_grid`` (eps 2**-8 dominates a tiny
+    row, so the norm scales by 16 and, with unit weights, every 16-block holds a +-6 and values on
+    the e2m1 rounding thresholds at a block shift 2**-s: exact ties, block scales 448 * 2**-s down
+    to the UE4M3 subnormals and zero), ``scale_range`` (normal blocks of x and the residual
+    scaled by 2**-U(0, 40)).
+    """
+    m, k, dt, sd, kind = case["rows"], 16 * case["k16"], case["dtype"], case["seed"], case["kind"]
+    g = torch.Generator().manual_seed(sd)
+    w = make_values(case["wkind"], (k,), dt, sd + 1)
+    res = make_values("normal", (m, k), dt, sd + 2) if case["residual"] else None
+    eps = 1e-6
+    if kind in VALUE_KINDS:
+        x = make_values(kind, (m, k), dt, sd)
+    elif kind == "zero_rows":
+        x = make_values("normal", (m, k), dt, sd)
+        if res is None:
+            x[0::2] = 0
+        else:
+            res[0::2] = -x[0::2]
+    elif kind == "huge_outlier":
+        x = make_values("normal", (m, k), dt, sd).float()
+        big = 2.0**60 if dt == torch.bfloat16 else 2.0**15
+        x[torch.arange(m), torch.randint(0, k, (m,), generator=g)] = big
+        x = x.to(dt)
+    elif kind == "scale_range":
+        mult = 2.0 ** -torch.randint(0, 41, (m, k // 16, 1), generator=g).double()
+        x = (torch.randn(m, k // 16, 16, generator=g, dtype=torch.float64) * mult).reshape(m, k)
+        if res is not None:
+            res = (res.double().reshape(m, k // 16, 16) * mult).reshape(m, k).to(dt)
+        x = x.to(dt)
+    else:  # e2m1_grid
+        grid = torch.tensor(_NVFP4_GRID, dtype=torch.float64)
+        v = grid[torch.randint(0, len(grid), (m, k // 16, 16), generator=g)]
+        v[..., 0] = 6.0
+        v = v[..., torch.randperm(16, generator=g)]
+        v = v * torch.where(torch.rand(v.shape, generator=g) < 0.5, -1.0, 1.0).double()
+        top = 21 if dt == torch.bfloat16 else (2 if res is None else 1)
+        shift = torch.randint(0, top + 1, (m, k // 16, 1), generator=g).double()
+        shift[:, 0] = 0
+        v = (v * 2.0 ** -(19 + shift)).reshape(m, k)
+        w, eps = torch.ones(k, dtype=dt), 2.0**-8
+        if res is None:
+            x = v.to(dt)
+        else:
+            x = (v / 2).to(dt)
+            res = (v / 2).to(dt)
+    x, w = x.to(device), w.to(device)
+    return x, w, (res.to(device) if res is not None else None), eps
+
+
+def _nvfp4_poisoned(m, k, device):
+    return (torch.full((m, k // 2), 0xEE, dtype=torch.uint8, device=device),
+            torch.full((m, k // 16), 0x7F, dtype=torch.uint8, device=device).view(
+                torch.float8_e4m3fn),
+            poisoned_empty((m,), torch.float32, device))  # fmt: skip
+
+
+def _check_rms_norm_nvfp4(case) -> None:
+    """Fused RMSNorm (+ residual) -> NVFP4 rows == norm.rms_norm then quantize_rows_nvfp4, bit
+    for bit (codes, block scales and alphas as integers; the new residual)."""
+    from flashrt_kernels.quant.nvfp4_rows import quantize_rows_nvfp4, rms_norm_quantize_nvfp4
+
+    device = test_device()
+    x, w, res, eps = _rms_nvfp4_inputs(case, device)
+    m, k = x.shape
+    res_out = poisoned_empty((m, k), x.dtype, device) if res is not None else None
+    got = rms_norm_quantize_nvfp4(x, w, eps, residual=res, out=_nvfp4_poisoned(m, k, device),
+                                  residual_out=res_out, backend="triton")  # fmt: skip
+    sep = rms_norm(x, w, eps, residual=res, backend="triton")
+    q, sf, alpha = quantize_rows_nvfp4(sep[0] if res is not None else sep, backend="triton")
+    assert_exact(got[0], q, what="fused e2m1 codes vs rms_norm + quantize_rows_nvfp4")
+    assert_exact(got[1].view(torch.uint8), sf.view(torch.uint8), what="fused block scales")
+    assert_exact(got[2], alpha, what="fused row alphas")
+    assert torch.equal(got[2], alpha), "fused row alphas (torch.equal)"
+    if res is not None:
+        assert got[3] is res_out
+        assert_exact(got[3], sep[1], what="new residual")
+
+
+PROPERTIES["rms_norm_quantize_nvfp4.exact"] = register_property(
+    Property(
+        "rms_norm_quantize_nvfp4",
+        "exact",
+        _rms_nvfp4_cases,
+        _check_rms_norm_nvfp4,
+        _rms_nvfp4_examples,
+    )
 )

@@ -188,3 +188,12 @@ def nvfp4_dequantize(packed, sf, alpha, dtype=torch.float32) -> torch.Tensor:
     vals = e2m1_decode(codes).reshape(rows, k // 16, 16) * sf.float()[..., None]
     a = alpha.float() if alpha.numel() == rows else alpha.float().expand(rows)
     return (vals.reshape(rows, k) * a[:, None]).to(dtype)
+
+
+def rms_norm_quantize_nvfp4(x, weight, eps, residual):
+    """RMSNorm (norm.reference order) then ``nvfp4_quantize(per_row=True)``: (codes, block
+    scales, alpha, new residual)."""
+    from flashrt_kernels.norm import reference as norm_ref
+
+    y, r = norm_ref.rms_norm(x, weight, eps, residual)
+    return (*nvfp4_quantize(y, per_row=True), r)

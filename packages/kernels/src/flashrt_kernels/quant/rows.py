@@ -172,11 +172,8 @@ def quantize_rows(x: torch.Tensor, fmt: str = "int8", *, out=None, backend: str 
     return q, s
 
 
-def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residual=None,
-                      out=None, residual_out=None, backend: str = "auto"):  # fmt: skip
-    """RMSNorm (+ residual) straight to quantized rows: returns (codes, scales) or, with a
-    residual, (codes, scales, new_residual)."""
-    op = "rms_norm_quantize"
+def check_norm_inputs(op, x, weight, eps, residual, residual_out):
+    """Validates the RMSNorm producers' inputs; returns ``residual_out`` (allocated if needed)."""
     _check_rows(op, "x", x, dtypes=(torch.bfloat16, torch.float16))
     n, k = x.shape
     check_tensor(op, "weight", weight, dtypes=(x.dtype,), shape=[k], device=x.device,
@@ -190,6 +187,19 @@ def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residu
         check_out(op, "residual_out", residual_out, shape=(n, k), dtype=x.dtype, device=x.device)
     elif residual_out is not None:
         raise ValueError(f"{op}: residual_out given without residual")
+    return residual_out
+
+
+def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residual=None,
+                      out=None, residual_out=None, backend: str = "auto"):  # fmt: skip
+    """RMSNorm (+ residual) straight to quantized rows: returns (codes, scales) or, with a
+    residual, (codes, scales, new_residual)."""
+    op = "rms_norm_quantize"
+    if fmt == "nvfp4":
+        raise ValueError(f"{op}: NVFP4 has three outputs (codes, block scales, alphas): use "
+                         "quant.rms_norm_quantize_nvfp4")  # fmt: skip
+    residual_out = check_norm_inputs(op, x, weight, eps, residual, residual_out)
+    n, k = x.shape
     q, s = _alloc_or_check(op, fmt, n, k, x.device, out)
     which = resolve_backend(op, backend, x.device, IMPLEMENTED)
     if which == "reference":
