@@ -1,5 +1,6 @@
 """The lossless options: ``attention_kernel="gqa_invariant"`` (query-invariant pool attention,
-split into a tree launch and a causal launch when a step mixes trees with long prefill rows) and
+split into a causal launch over long rows' chains and a tree launch over gathered trees when a
+step holds rows longer than the tree launch) and
 ``prefill_linear="batch_invariant"``; the ``lossless`` preset replays the same greedy replies with
 and without the tree and at every batch size, bit for bit (bf16 on the GPU)."""
 
@@ -12,51 +13,72 @@ from flashrt_activevln.presets import Options, preset
 
 
 def _mixed_step(seed, device="cpu", dtype=torch.bfloat16):
-    """Three rows over one pool layer: a causal prefill row longer than ``INVARIANT_TREE``, a
-    tree row and an empty row; q [B, H, Q, D] as the decoder passes it."""
+    """Four rows over one pool layer, q [B, H, Q, D] as the decoder passes it: a causal prefill
+    row longer than ``INVARIANT_TREE``, a prefill chain followed by a tree (longer than that in
+    all), a short tree row and an empty row; and each row's chain length."""
     g = torch.Generator().manual_seed(seed)
-    b, h, hkv, d, q, cap = 3, 4, 2, 16, INVARIANT_TREE + 6, 160
+    b, h, hkv, d, q, cap = 4, 4, 2, 16, INVARIANT_TREE + 8, 180
     k = torch.randn(b, cap, hkv, d, generator=g).to(device, dtype)
     v = torch.randn(b, cap, hkv, d, generator=g).to(device, dtype)
     qs = torch.randn(b, h, q, d, generator=g).to(device, dtype)
-    lengths = torch.tensor([7, 30, 0], device=device)
-    q_lens = torch.tensor([q, 5, 0], device=device)
+    lengths = torch.tensor([7, 30, 12, 0], device=device)
+    chain = torch.tensor([q - 2, INVARIANT_TREE + 1, 1, 0])
+    parents = [-1, 0, 0, 1, 2]  # node i sees itself, its ancestors and its row's chain
+    q_lens = chain + torch.tensor([0, len(parents), len(parents), 0])
     vis = torch.eye(q, dtype=torch.bool).repeat(b, 1, 1)
-    vis[0] = torch.ones(q, q, dtype=torch.bool).tril()
-    parents = [-1, 0, 0, 1, 2]  # a small tree: node i sees itself and its ancestors
-    for i, p in enumerate(parents):
-        if p >= 0:
-            vis[1, i] |= vis[1, p]
-    live = torch.arange(q)[None] < q_lens.cpu()[:, None]
+    for r in range(b):
+        c = int(chain[r])
+        vis[r, :c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
+        if r in (1, 2):
+            for i, p in enumerate(parents):
+                vis[r, c + i, :c] = True
+                if p >= 0:
+                    vis[r, c + i] |= vis[r, c + p]
+    live = torch.arange(q)[None] < q_lens[:, None]
     vis &= live[:, None, :]
-    return qs, k, v, lengths, vis.to(device), q_lens, int(lengths.max()) + q
+    extent = int(lengths.max()) + q
+    return qs, k, v, lengths, vis.to(device), q_lens.to(device), chain.to(device), extent
 
 
 def test_mixed_step_splits_into_tree_and_causal_launches():
-    """Each row's output is its own launch's (bit for bit) and faithful to the reference."""
-    qs, k, v, lengths, vis, q_lens, extent = _mixed_step(0)
+    """Each query's output is that of the launch holding it, bit for bit: the long rows' chains
+    from one causal launch; the short row, and the long row's tree (its chain then committed
+    keys), from one tree launch; and every live query is faithful to the reference."""
+    qs, k, v, lengths, vis, q_lens, chain, extent = _mixed_step(0)
     scale = 0.25
-    out = Ops(attention="gqa_invariant").attend_pool(qs, k, v, lengths, vis, extent, scale, q_lens)
+    out = Ops(attention="gqa_invariant").attend_pool(qs, k, v, lengths, vis, extent, scale, q_lens,
+                                                     chain)  # fmt: skip
     ref = Ops().attend_pool(qs, k, v, lengths, vis, extent, scale).float()
     from flashrt_kernels.attention import gqa_attention
 
     qq = qs.transpose(1, 2).contiguous()
     lens, ql = lengths.to(torch.int32), q_lens.to(torch.int32)
-    causal = gqa_attention(qq, k, v, lens, ql * torch.tensor([1, 0, 0], dtype=torch.int32),
-                           scale=scale, query_invariant=True)  # fmt: skip
     t = INVARIANT_TREE
-    tree = gqa_attention(qq[:, :t].contiguous(), k, v, lens,
-                         ql * torch.tensor([0, 1, 1], dtype=torch.int32),
-                         tree_mask=vis[:, :t, :t], scale=scale, query_invariant=True)  # fmt: skip
+    causal = gqa_attention(qq, k, v, lens, ql * torch.tensor([1, 0, 0, 0], dtype=torch.int32),
+                           scale=scale, query_invariant=True)  # fmt: skip
     assert torch.equal(out[0], causal[0])
-    assert torch.equal(out[1, :5], tree[1, :5])
-    for r, n in ((0, int(q_lens[0])), (1, 5)):
-        err = (out[r, :n].float() - ref[r, :n]).abs().max().item()
+    c1 = int(chain[1])
+    chain1 = gqa_attention(qq[1:2, :c1].contiguous(), k[1:2], v[1:2], lens[1:2],
+                           torch.tensor([c1], dtype=torch.int32), scale=scale,
+                           query_invariant=True)  # fmt: skip
+    assert torch.equal(out[1, :c1], chain1[0])
+    n = int(q_lens[1]) - c1
+    tree1 = gqa_attention(qq[1:2, c1 : c1 + n].contiguous(), k[1:2], v[1:2], lens[1:2] + c1,
+                          torch.tensor([n], dtype=torch.int32),
+                          tree_mask=vis[1:2, c1 : c1 + n, c1 : c1 + n].contiguous(),
+                          scale=scale, query_invariant=True)  # fmt: skip
+    assert torch.equal(out[1, c1 : c1 + n], tree1[0])
+    short = gqa_attention(qq[2:3, :t].contiguous(), k[2:3], v[2:3], lens[2:3], ql[2:3],
+                          tree_mask=vis[2:3, :t, :t], scale=scale, query_invariant=True)  # fmt: skip
+    assert torch.equal(out[2, : int(q_lens[2])], short[0, : int(q_lens[2])])
+    for r in range(3):
+        m = int(q_lens[r])
+        err = (out[r, :m].float() - ref[r, :m]).abs().max().item()
         assert err <= 2e-2, (r, err)
 
 
 def test_invariant_attention_needs_query_lengths_for_long_steps():
-    qs, k, v, lengths, vis, _, extent = _mixed_step(1)
+    qs, k, v, lengths, vis, _, _, extent = _mixed_step(1)
     with pytest.raises(ValueError, match="needs q_lens"):
         Ops(attention="gqa_invariant").attend_pool(qs, k, v, lengths, vis, extent, 0.25)
 
@@ -67,6 +89,8 @@ def test_lossless_preset_and_option_checks():
     assert opt.grammar_tree_budget > 0 and opt.cuda_graphs
     with pytest.raises(ValueError, match="needs packed_prefill"):
         Options(attention_kernel="gqa_invariant")
+    with pytest.raises(ValueError, match="at most 63 nodes"):
+        preset("lossless", grammar_tree_budget=64)
     with pytest.raises(ValueError, match="prefill_linear"):
         Options(prefill_linear="fast")
     with pytest.raises(ValueError, match="prefill_linear"):
@@ -74,19 +98,28 @@ def test_lossless_preset_and_option_checks():
     assert Ops(prefill_linear="batch_invariant").fused_weights
 
 
-def test_starting_rows_draft_no_tree(make_engine, tiny64):
-    """Under gqa_invariant a prefill row carries no tree (trees are short launches); rows inside
-    a reply still draft theirs."""
-    opt = preset("reference", dtype="float64", attention_kernel="gqa_invariant",
-                 packed_prefill=True, grammar_tree_budget=8)  # fmt: skip
-    eng = make_engine(tiny64, opt)
-    from flashrt_activevln.runtime import _Row
+def test_lossless_replay_identical_across_tree_and_batch_cpu(monkeypatch):
+    """bf16 on the CPU with the kernels' torch references (the interpreter would take many
+    minutes): the lossless preset's runtime (a causal launch over prefill chains, trees gathered
+    per row behind them, bucketed steps) replays with the tree at B=3, trees on prefill rows
+    included, the greedy replies it replays without the tree at B=1, with far fewer forwards.
+    The kernels' own bits are the GPU test's below."""
+    from flashrt_activevln.engine_setup import random_engine
 
-    ep = synthetic_episodes(1, seed=0, mean_frames=2, height=60, width=80)[0]
-    row = _Row(ep, seed=0, node=eng.trie.root, generator=torch.Generator())
-    assert row.starting and eng._drafts(row) == ([], [])
-    row.starting = False
-    assert len(eng._drafts(row)[0]) > 0
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # backend "auto" then takes the references
+
+    episodes = synthetic_episodes(3, seed=3, mean_frames=3, min_frames=2, height=60, width=80)
+    replies, forwards = {}, {}
+    for budget, bs in ((16, 3), (0, 1), (16, 1)):
+        opt = preset("lossless", grammar_tree_budget=budget, batch_size=bs,
+                     constrain_to_grammar=True, max_new_tokens=24)  # fmt: skip
+        eng = random_engine("tiny", opt, "cpu")
+        out = eng.replay(episodes)
+        replies[budget, bs] = {(r.episode, r.frame): r.tokens for r in out}
+        forwards[budget, bs] = eng.stats.forwards
+    assert len(replies[0, 1]) == sum(len(e.frames) for e in episodes)
+    assert replies[16, 3] == replies[0, 1] == replies[16, 1]
+    assert 2 * forwards[16, 1] < forwards[0, 1]
 
 
 @pytest.mark.gpu

@@ -28,7 +28,7 @@ from flashrt_activevln.model.ops import FEW_QUERIES
 from flashrt_activevln.speculation import greedy_choices
 
 TOKEN_BUCKET = 64
-GRAPH_INPUTS = ("pos", "lengths", "vis", "q_lens", "live", "verify", "after")
+GRAPH_INPUTS = ("pos", "lengths", "vis", "q_lens", "live", "verify", "after", "chain")
 
 
 def next_pow2(x: int) -> int:
@@ -132,7 +132,7 @@ class StepGraphs:
         x, b, q_b = g.inputs, g.rows, g.queries
         hidden = self.model.decode(
             x["embeds"], x["pos"], self.pool, x["lengths"], x["vis"], x["q_lens"], extent,
-            x["live"],
+            x["live"], x.get("chain"),
         )  # fmt: skip
         g.logits = self.model.logits(hidden.reshape(b * q_b, -1)[x["verify"]])
         if self.greedy:
@@ -165,7 +165,8 @@ class StepGraphs:
         g.graph.replay()
         return g.logits, g.choices
 
-    def capture_all(self, bucket_list: list[tuple[int, int]], constrained: bool) -> int:
+    def capture_all(self, bucket_list: list[tuple[int, int]], constrained: bool,
+                    chains: bool = False) -> int:  # fmt: skip
         """Captures every bucket of ``bucket_list`` not captured yet, over placeholder inputs of
         the bucket's shapes (query lengths that fill ``T_b``, KV lengths 0: the K/V they write
         lie past every row's committed prefix, never read). Returns how many were captured."""
@@ -189,6 +190,8 @@ class StepGraphs:
             }
             if constrained:
                 host["after"] = torch.zeros(self.max_verify, dtype=torch.long)
+            if chains:
+                host["chain"] = q_lens.clone()
             dv = {k: v.to(dev) for k, v in host.items()}
             embeds = torch.zeros(b, q_b, hidden, dtype=self.model.dtype, device=dev)
             self.run(embeds, dv, q_b)

@@ -7,8 +7,7 @@
 |  | "gqa" | flashrt_kernels.gqa_attention (bf16/fp16): faithful, batch-invariant |
 |  | "gqa_invariant" | the same with ``query_invariant=True``: faithful, and exact per query (a |
 |  |  | query's bits independent of the row's query count, tree and prefix cut); |
-|  |  | needs packed_prefill; a reply's first token comes from its prefill step |
-|  |  | without a tree (trees hold at most 64 nodes; prefill rows run causal) |
+|  |  | needs packed_prefill and a tree budget of at most 63 nodes |
 | ``vision_kernel`` | "reference" | per-window / per-image attention in torch |
 |  | "segmented" | flashrt_kernels.segmented_attention (bf16/fp16): faithful |
 | ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
@@ -42,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from flashrt_activevln.model.ops import ATTENTION, LINEARS
+from flashrt_activevln.model.ops import ATTENTION, INVARIANT_TREE, LINEARS
 from flashrt_activevln.speculation import Sampling
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -92,8 +91,13 @@ class Options:
             )
         if self.attention_kernel == "gqa_invariant" and not self.packed_prefill:
             raise ValueError(
-                "option attention_kernel='gqa_invariant' needs packed_prefill=True (rows of more "
-                "than 64 queries are told apart from trees by their live query counts)"
+                "option attention_kernel='gqa_invariant' needs packed_prefill=True (a row's "
+                "causal chain and its tree are told apart by the live query counts)"
+            )
+        if self.attention_kernel == "gqa_invariant" and self.grammar_tree_budget >= INVARIANT_TREE:
+            raise ValueError(
+                f"option attention_kernel='gqa_invariant' verifies trees of at most "
+                f"{INVARIANT_TREE - 1} nodes, got grammar_tree_budget={self.grammar_tree_budget}"
             )
         if (
             not isinstance(self.grammar_tree_budget, int)

@@ -168,7 +168,9 @@ class Engine:
         b = self.opt.batch_size
         if self.graphs is None:
             self.graphs = self._new_graphs()
-        new = self.graphs.capture_all(all_buckets(b, queries), self.opt.constrain_to_grammar)
+        chains = self.opt.attention_kernel == "gqa_invariant"
+        new = self.graphs.capture_all(all_buckets(b, queries), self.opt.constrain_to_grammar,
+                                      chains)  # fmt: skip
         vg = self.vision_graphs
         patch_dim = self.model.w["visual.patch_embed.proj.weight"][0].numel()
         for h, w in sorted(sizes):
@@ -218,8 +220,6 @@ class Engine:
         return out
 
     def _drafts(self, row: _Row) -> tuple[list[Node], list[int]]:
-        if row.starting and self.opt.attention_kernel == "gqa_invariant":
-            return [], []  # a prefill row runs causal there (its trees: at most 64 queries)
         room = self.opt.max_new_tokens - len(row.reply) - 1
         return self.trie.draft(row.node, min(self.opt.grammar_tree_budget, max(room, 0)))
 
@@ -287,7 +287,7 @@ class Engine:
         else:
             hidden = self.model.decode(
                 embeds, dv["pos"], self.pool, dv["lengths"], dv["vis"], dv.get("q_lens"),
-                extent, dv.get("live"),
+                extent, dv.get("live"), dv.get("chain"),
             )  # fmt: skip
             flat = hidden.reshape(-1, hidden.shape[-1])
             logits = self.model.logits(flat[dv["verify"]])
@@ -378,6 +378,9 @@ class Engine:
                 live = np.concatenate([live, np.full(tokens - live.size, free)])
             host["q_lens"] = lens
             host["live"] = live.astype(np.int64)
+            if self.opt.attention_kernel == "gqa_invariant":  # each row's causal chain
+                host["chain"] = np.array([len(c) if row else 0
+                                          for row, c in zip(rows, chains, strict=True)])  # fmt: skip
         return {k: torch.from_numpy(v) for k, v in host.items()}, verified
 
     def _allowed_table(self) -> torch.Tensor:

@@ -54,13 +54,14 @@ class Qwen25VL:
 
     def decode(
         self, embeds, positions, pool, lengths, new_visible, q_lens=None, extent=None,
-        live_index=None,
+        live_index=None, chain_lens=None,
     ) -> torch.Tensor:  # fmt: skip
         """``q_lens`` / ``live_index``: live tokens per row and their flat positions, for the
-        packed forward; ``extent``: max(lengths) + Q known on the host (``decoder_forward``)."""
+        packed forward; ``extent``: max(lengths) + Q known on the host; ``chain_lens``: each
+        row's leading causal queries, before its tree (``decoder_forward``)."""
         return decoder_forward(
             self.w, self.cfg.text, embeds, positions, pool, lengths, new_visible, self.ops,
-            q_lens, extent, live_index,
+            q_lens, extent, live_index, chain_lens,
         )  # fmt: skip
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -115,9 +115,13 @@ class Ops:
             return flashrt_kernels.rms_norm(x.contiguous(), w, eps)
         return rms_norm_reference(x, w, eps)
 
-    def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale, q_lens=None):
+    def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale, q_lens=None,
+                    chain_lens=None):  # fmt: skip
         """q [B, H, Q, D] over one pool layer [rows, capacity, Hkv, D] -> [B, Q, H, D].
-        ``q_lens`` [B]: live queries per row (default all Q); the kernel skips the others."""
+        ``q_lens`` [B]: live queries per row (default all Q); the kernel skips the others.
+        ``chain_lens`` [B] (``gqa_invariant``): each row's leading causal queries; the rest of
+        its live queries are a tree of at most ``INVARIANT_TREE`` nodes over them (without it,
+        rows of more than ``INVARIANT_TREE`` queries must be causal)."""
         b, _, nq, _ = q.shape
         if self.attention != "reference" and q.dtype in (torch.bfloat16, torch.float16):
             from flashrt_kernels.attention import gqa_attention
@@ -132,7 +136,8 @@ class Ops:
                         "Ops(attention='gqa_invariant'): a step of more than "
                         f"{INVARIANT_TREE} queries needs q_lens (the packed forward)"
                     )
-                return _invariant_attention(qq, k_layer, v_layer, lens, q_lens, new_visible, scale)
+                return _invariant_attention(qq, k_layer, v_layer, lens, q_lens, new_visible,
+                                            scale, chain_lens)  # fmt: skip
             return gqa_attention(
                 qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible, scale=scale
             )
@@ -219,24 +224,39 @@ def _invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) 
     return y if b is None else y + b
 
 
-def _invariant_attention(q, k_layer, v_layer, lens, q_lens, new_visible, scale) -> torch.Tensor:
+def _invariant_attention(q, k_layer, v_layer, lens, q_lens, mask, scale, chain_lens=None):
     """``gqa_attention(query_invariant=True)`` for a step whose rows may mix trees (at most
-    ``INVARIANT_TREE`` queries) with longer causal prefill chains: rows up to that many queries
-    take the tree launch over the first ``INVARIANT_TREE`` query slots, the others the causal
-    launch; each row's output comes from its own launch (the other launch skips it: q_len 0)."""
+    ``INVARIANT_TREE`` queries, or a causal chain followed by a tree of at most that many nodes)
+    with long causal prefill chains. Steps of at most ``INVARIANT_TREE`` queries are one tree
+    launch. Longer steps are two launches: a causal one over each long row's chain (its first
+    ``chain_lens`` queries; without ``chain_lens`` the whole row), and one tree launch over
+    ``INVARIANT_TREE`` query slots gathered per row from an offset: 0 for a short row (its whole
+    mask), the chain's end for a long row, whose nodes then see the chain as committed keys
+    (the kernel's bits do not depend on where the prefix is cut). Each query's output comes
+    from the launch that holds it."""
     from flashrt_kernels.attention import gqa_attention
 
-    nq = q.shape[1]
-    if nq <= INVARIANT_TREE:
-        return gqa_attention(q, k_layer, v_layer, lens, q_lens, tree_mask=new_visible,
-                             scale=scale, query_invariant=True)  # fmt: skip
-    short = q_lens <= INVARIANT_TREE
-    zero = torch.zeros_like(q_lens)
+    b, nq = q.shape[:2]
     t = INVARIANT_TREE
-    tree = gqa_attention(q[:, :t].contiguous(), k_layer, v_layer, lens,
-                         torch.where(short, q_lens, zero), tree_mask=new_visible[:, :t, :t],
-                         scale=scale, query_invariant=True)  # fmt: skip
-    causal = gqa_attention(q, k_layer, v_layer, lens, torch.where(short, zero, q_lens),
-                           scale=scale, query_invariant=True)  # fmt: skip
-    causal[:, :t] = torch.where(short[:, None, None, None], tree, causal[:, :t])
-    return causal
+    if nq <= t:
+        return gqa_attention(q, k_layer, v_layer, lens, q_lens, tree_mask=mask, scale=scale,
+                             query_invariant=True)  # fmt: skip
+    long = q_lens > t
+    zero = torch.zeros_like(q_lens)
+    chain = q_lens if chain_lens is None else chain_lens.to(q_lens.dtype)
+    out = gqa_attention(q, k_layer, v_layer, lens, torch.where(long, chain, zero), scale=scale,
+                        query_invariant=True)  # fmt: skip
+    offset = torch.where(long, chain, zero)
+    idx = (offset[:, None] + torch.arange(t, device=q.device)).long()  # [B, t], < nq + t
+    q_pad = torch.cat([q, q.new_zeros(b, t, *q.shape[2:])], 1)
+    view = idx[:, :, None, None].expand(b, t, *q.shape[2:])
+    m_pad = torch.nn.functional.pad(mask, (0, t, 0, t))
+    m_rows = m_pad.gather(1, idx[:, :, None].expand(b, t, nq + t))
+    tree_mask = m_rows.gather(2, idx[:, None, :].expand(b, t, t))
+    tree = gqa_attention(q_pad.gather(1, view).contiguous(), k_layer, v_layer, lens + offset,
+                         q_lens - offset, tree_mask=tree_mask, scale=scale,
+                         query_invariant=True)  # fmt: skip
+    o_pad = torch.cat([out, out.new_zeros(b, t, *out.shape[2:])], 1)
+    held = (torch.arange(t, device=q.device)[None] < (q_lens - offset)[:, None])[..., None, None]
+    o_pad.scatter_(1, view, torch.where(held, tree, o_pad.gather(1, view)))
+    return o_pad[:, :nq]

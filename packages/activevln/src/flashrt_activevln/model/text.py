@@ -99,6 +99,7 @@ def decoder_forward(
     q_lens: torch.Tensor | None = None,
     extent: int | None = None,
     live_index: torch.Tensor | None = None,
+    chain_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """embeds [B, Q, H], positions [3, B, Q] -> final-normed hidden states [B, Q, H].
 
@@ -108,7 +109,9 @@ def decoder_forward(
     over the padded view with those query lengths (padded query slots do no work in the kernel,
     and no query sees a padded slot's stale K/V); the padded slots of the output are zeros.
     ``live_index`` [T] int64: the live tokens' flat positions ``b * Q + i`` in order, when the
-    caller has them on the host (else they are found on the device: a host read)."""
+    caller has them on the host (else they are found on the device: a host read).
+    ``chain_lens`` [B] (packed mode): row b's first ``chain_lens[b]`` live tokens are a causal
+    chain and the rest a tree over it (``Ops.attend_pool``'s invariant attention uses it)."""
     b, q, _ = embeds.shape
     if b != pool.k.shape[1]:
         raise ValueError(
@@ -164,7 +167,8 @@ def decoder_forward(
             pool.v[i][rows, slots] = vs[0]
             qp = qs.new_zeros(b * q, nh, hd).index_copy_(0, live_index, qs.transpose(1, 2)[0])
             a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
-                                lengths, new_visible, extent, hd**-0.5, q_lens)  # fmt: skip
+                                lengths, new_visible, extent, hd**-0.5, q_lens,
+                                chain_lens)  # fmt: skip
             a = a.reshape(b * q, nh, hd)[live_index][None]
         a = a.reshape(-1, t, nh * hd)
         x = x + lin(a, w[p + "self_attn.o_proj.weight"], None, few)
