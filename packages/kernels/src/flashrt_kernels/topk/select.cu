@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(512) bound_kernel(
     __shared__ u32 grp[BOUND_GROUPS];  // this block's group maxima; in the last block, the row's
     __shared__ int bins[BOUND_BINS];
     __shared__ int scratch[64];
+    __shared__ u32 red[3];  // the last block's max, smallest nonzero and nonzero count of maxima
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
@@ -162,56 +163,80 @@ __global__ void __launch_bounds__(512) bound_kernel(
         for (int j = threadIdx.x; j < Gb; j += blockDim.x) gmax[c * Gb + j] = (int)grp[j];
     if (!last_to_arrive(cr, S, scratch + 48)) return;
     // the row's last block: the M maxima (key 0: a group without elements) through grp, at once
-    // when they fit, else BOUND_GROUPS at a time in every pass; two passes of BOUND_BINS-bin
-    // histograms over them
+    // when they fit, else BOUND_GROUPS at a time in every pass. Their smallest nonzero and
+    // largest values bound the range the two histogram passes split: BOUND_BINS bins of 2^s
+    // keys from the smallest (s the least that covers the range), then the kk-th largest's bin
+    // in bins of 2^(s - BOUND_BITS). Bins over the values' own range, not over fixed key bits:
+    // maxima share their sign, exponent and leading mantissa bits, so fixed bits put them into a
+    // handful of bins, where every increment is a shared atomic on one of a few addresses.
     const bool staged = M <= BOUND_GROUPS;
-    u32 lmax = 0u;
-    if (staged) {
-        for (int j = threadIdx.x; j < M; j += blockDim.x) {
-            u32 v = (u32)__ldcg(&gmax[j]);
-            grp[j] = v;
-            lmax = v > lmax ? v : lmax;
-        }
-    }
-    u32 prefix = 0u, mask = 0u;
-    int need = kk;
-#pragma unroll 1
-    for (int shift = 32 - BOUND_BITS; shift >= 32 - 2 * BOUND_BITS; shift -= BOUND_BITS) {
-        for (int j = threadIdx.x; j < BOUND_BINS; j += blockDim.x) bins[j] = 0;
-        __syncthreads();
-#pragma unroll 1
-        for (int h = 0; h < M; h += BOUND_GROUPS) {
-            const int m = M - h < BOUND_GROUPS ? M - h : BOUND_GROUPS;
-            if (!staged) {
-                __syncthreads();  // the previous part is counted
-                for (int j = threadIdx.x; j < m; j += blockDim.x) {
-                    u32 v = (u32)__ldcg(&gmax[h + j]);
-                    grp[j] = v;
-                    lmax = v > lmax ? v : lmax;
-                }
-                __syncthreads();
-            }
-            for (int base = 0; base < m; base += blockDim.x) {
-                int j = base + threadIdx.x;
-                u32 v = j < m ? grp[j] : 0u;
-                hist_add(bins, (v >> shift) & (BOUND_BINS - 1), j < m && (v & mask) == prefix);
-            }
-        }
-        __syncthreads();
-        find_bucket(bins, BOUND_BINS, need, scratch + 40, scratch);  // the bins hold >= need
-        prefix |= (u32)scratch[40] << shift;
-        mask |= (u32)(BOUND_BINS - 1) << shift;
-        need -= scratch[41];
-        __syncthreads();
+    u32 lmax = 0u, lmin = 0xffffffffu;
+    int nz = 0;
+    for (int j = threadIdx.x; j < M; j += blockDim.x) {
+        u32 v = (u32)__ldcg(&gmax[j]);
+        if (staged) grp[j] = v;
+        lmax = v > lmax ? v : lmax;
+        lmin = v && v < lmin ? v : lmin;
+        nz += v != 0u;
     }
     lmax = __reduce_max_sync(0xffffffffu, lmax);
-    if (threadIdx.x == 0) scratch[1] = 0;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) atomicMax((u32*)&scratch[1], lmax);
-    __syncthreads();
+    lmin = __reduce_min_sync(0xffffffffu, lmin);
+    nz = (int)__reduce_add_sync(0xffffffffu, (u32)nz);
     if (threadIdx.x == 0) {
-        cr[C_LO] = (int)prefix;
-        cr[C_MAX] = scratch[1];
+        red[0] = 0u;
+        red[1] = 0xffffffffu;
+        red[2] = 0u;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&red[0], lmax);
+        atomicMin(&red[1], lmin);
+        atomicAdd(&red[2], (u32)nz);
+    }
+    __syncthreads();
+    lmax = red[0];
+    lmin = red[1];
+    nz = (int)red[2];
+    u32 base = 0u;  // the bound: 0 (every key) when fewer than kk groups hold an element
+    if (nz >= kk) {
+        int s = 0;
+        while (((lmax - lmin) >> s) >= (u32)BOUND_BINS) ++s;
+        base = lmin;
+        u32 width = 0xffffffffu;  // the keys counted are [base, base + width]
+        int need = kk;
+#pragma unroll 1
+        for (int pass = 0; pass < 2; ++pass) {
+            for (int j = threadIdx.x; j < BOUND_BINS; j += blockDim.x) bins[j] = 0;
+            __syncthreads();
+#pragma unroll 1
+            for (int h = 0; h < M; h += BOUND_GROUPS) {
+                const int m = M - h < BOUND_GROUPS ? M - h : BOUND_GROUPS;
+                if (!staged) {
+                    __syncthreads();  // the previous part is counted
+                    for (int j = threadIdx.x; j < m; j += blockDim.x)
+                        grp[j] = (u32)__ldcg(&gmax[h + j]);
+                    __syncthreads();
+                }
+                for (int q = 0; q < m; q += blockDim.x) {
+                    int j = q + threadIdx.x;
+                    u32 v = j < m ? grp[j] : 0u;
+                    bool in = j < m && v >= base && v - base <= width;
+                    hist_add_peers(bins, in ? (v - base) >> s : 0u, in);
+                }
+            }
+            __syncthreads();
+            find_bucket(bins, BOUND_BINS, need, scratch + 40, scratch);  // the bins hold >= need
+            base += (u32)scratch[40] << s;
+            need -= scratch[41];
+            __syncthreads();
+            if (s == 0) break;  // base is the kk-th largest maximum itself
+            width = (1u << s) - 1u;
+            s = s > BOUND_BITS ? s - BOUND_BITS : 0;
+        }
+    }
+    if (threadIdx.x == 0) {
+        cr[C_LO] = (int)base;
+        cr[C_MAX] = (int)lmax;
         cr[C_ARRIVED] = 0;
     }
 }
@@ -321,11 +346,19 @@ __global__ void __launch_bounds__(512) count_kernel(
         prefetch_l2<DT>(row, lo, min(lo + 2 * (int)blockDim.x * TILE_ITEMS, hi));
         if (threadIdx.x == 0) gmin = 0xffffffffu;
         __syncthreads();
+        // every hinted position first, then every score at them (k <= HINT_ITEMS x 512): two
+        // round trips to memory, not two per position a thread reads
+        int hs[HINT_ITEMS];
+#pragma unroll
+        for (int q = 0; q < HINT_ITEMS; ++q) {
+            const int j = threadIdx.x + q * blockDim.x;
+            hs[q] = j < k ? __ldg(&hint[(long long)b * k + j]) : -1;
+        }
         u32 m = 0xffffffffu;
-        for (int j = threadIdx.x; j < k; j += blockDim.x) {
-            int h = __ldg(&hint[(long long)b * k + j]);
-            if (h >= 0 && h < len) {
-                u32 u = load_key<DT>(row, h);
+#pragma unroll
+        for (int q = 0; q < HINT_ITEMS; ++q) {
+            if (hs[q] >= 0 && hs[q] < len) {
+                u32 u = load_key<DT>(row, hs[q]);
                 m = u < m ? u : m;
             }
         }
@@ -366,13 +399,19 @@ __global__ void __launch_bounds__(512) count_kernel(
     if (threadIdx.x == 0) segcnt[b * S + c] = cnt < segcap ? cnt : segcap;
     if (threadIdx.x < 8) atomicAdd(&tc[b * 8 + threadIdx.x], cnt8[threadIdx.x]);
     if (!last_to_arrive(cr, S, scratch + 48)) return;
+    if (threadIdx.x < 8) {  // the eight totals at once (one loop of loads and stores would wait
+        // for each load in turn: the stores might alias the next)
+        const int tot = __ldcg(&tc[b * 8 + threadIdx.x]);
+        tc[b * 8 + threadIdx.x] = 0;
+        cr[C_TRIED + threadIdx.x] = (int)th[threadIdx.x];
+        cr[C_TRIED + 8 + threadIdx.x] = tot;
+        cnt8[threadIdx.x] = tot;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
         int best = -1, best_count = 0, tot0 = 0;
         for (int q = 0; q < 8; ++q) {
-            int tot = __ldcg(&tc[b * 8 + q]);
-            tc[b * 8 + q] = 0;
-            cr[C_TRIED + q] = (int)th[q];
-            cr[C_TRIED + 8 + q] = tot;
+            int tot = cnt8[q];
             if (q == 0) tot0 = tot;
             if (tot >= kk && tot <= cap && (best < 0 || tot < best_count)) {
                 best = q;
@@ -419,7 +458,11 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
     const void* row = (const char*)scores + (long long)b * stride * (DT == 0 ? 4 : 2);
     int* oi = out_idx + (long long)b * k;
     void* ov = (char*)out_val + (long long)b * k * (DT == 0 ? 4 : 2);
-    int status = (len <= short_max || kk == 0 || !multi) ? -1 : cr[C_STATUS];
+    // a long row's status and segment counts, loaded together (the counts are read only when
+    // the status says READY)
+    const bool long_row = len > short_max && kk > 0 && multi;
+    const int cnt = long_row && (int)threadIdx.x < S ? __ldcg(&segcnt[b * S + threadIdx.x]) : 0;
+    const int status = long_row ? __ldcg(&cr[C_STATUS]) : -1;
     u32 t = 0u, acc_key = 0u;
     int ties = 0, acc_count = len, rounds = 0;
     if (kk > 0 && status == -1) {  // the row in shared memory; digit pass 0 as it arrives
@@ -437,15 +480,15 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
             SmemPairs src{ck, ci};
             WarpCounts unbuffered{nullptr, nullptr, nullptr, 0};  // regions are small: no buffer
             block_search(src, slots, 1, lo_key, kk - above0, hist, scratch, &t, &ties, unbuffered,
-                         false);
+                         false, false);
             block_emit<DT>(src, slots, t, ties, oi, ov, row, scratch, nullptr);
         } else {  // some warp's range holds more than its region: passes over the whole row
             SmemKeys src{keys};
-            bool wc = block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties, wk, true);
+            bool wc =
+                block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties, wk, true, false);
             block_emit<DT>(src, len, t, ties, oi, ov, row, scratch, wc ? wk.wc : nullptr);
         }
     } else if (status == ST_READY) {  // the candidates, gathered in index order
-        int cnt = threadIdx.x < S ? segcnt[b * S + threadIdx.x] : 0;
         int total;
         int off = block_exclusive_scan(cnt, scratch, &total);
         int* pfx = hist;  // the segments' offsets (S <= blockDim)
@@ -465,7 +508,7 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
         __syncthreads();
         SmemPairs src{keys, ix};
         bool wc = block_search(src, total, cr[C_PASS], (u32)cr[C_PREFIX], cr[C_NEED], hist,
-                               scratch, &t, &ties, wk, false);
+                               scratch, &t, &ties, wk, false, true);
         block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, wc ? wk.wc : nullptr);
         acc_key = (u32)cr[C_LO];
         acc_count = cr[C_COUNT];
@@ -483,6 +526,13 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
         oi[j] = -1;
         write_pad<DT>(ov, j);
     }
+    if (state != nullptr && threadIdx.x < 16) {  // the tried thresholds, one word per thread
+        int* s = state + (long long)b * state_words;
+        const int q = threadIdx.x & 7, word = threadIdx.x < 8 ? C_TRIED + q : C_TRIED + 8 + q;
+        const int v = rounds > 0 ? __ldcg(&cr[word]) : 0;
+        if (threadIdx.x < 8) s[STATE_TRIED_KEY + q] = rounds > 0 ? (int)((u32)v ^ 0x80000000u) : 0;
+        else s[STATE_TRIED_COUNT + q] = v;
+    }
     if (state != nullptr && threadIdx.x == 0) {
         int* s = state + (long long)b * state_words;
         s[STATE_VALID] = kk > 0;
@@ -493,9 +543,5 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
         s[STATE_ROUNDS] = rounds;
         s[STATE_LENGTH] = len;
         s[STATE_K] = k;
-        for (int q = 0; q < 8; ++q) {
-            s[STATE_TRIED_KEY + q] = rounds > 0 ? (int)((u32)cr[C_TRIED + q] ^ 0x80000000u) : 0;
-            s[STATE_TRIED_COUNT + q] = rounds > 0 ? cr[C_TRIED + 8 + q] : 0;
-        }
     }
 }

@@ -60,6 +60,7 @@
 #define AUX_WORDS (BUF_WORDS + BUF_WORDS / 4 + 64)  // with its owners and the warp counts
 #define TILE_ITEMS 8   // consecutive 32-element rows a warp covers per compaction tile
 #define LOAD_ITEMS 16
+#define HINT_ITEMS 8   // hinted positions per thread of a counting block (k <= 8 x 512)
 #define SHORT_LOADS 6  // loads in flight per thread as the finishing block reads a 16-bit row
 #define REGION_SLOTS 128  // a warp's candidate slots when a short row is compacted
 #define STATE_VALID 0
@@ -114,6 +115,23 @@ template <int DT>
 __device__ __forceinline__ void copy_value(void* out, long long pos, const void* row, int i) {
     if (DT == 0) ((u32*)out)[pos] = __ldg((const u32*)row + i);
     else ((unsigned short*)out)[pos] = __ldg((const unsigned short*)row + i);
+}
+
+// The selected element's value from its key where the key names one bit pattern (fp32, and bf16,
+// which widens by a shift: every key but those of the zeros, +0.0 / -0.0, and of the NaNs), else
+// copied from the row (fp16, a zero, a NaN's payload): one dependent load less per emitted
+// element, which the emission's loop otherwise waits for.
+template <int DT>
+__device__ __forceinline__ void write_value(void* out, long long pos, const void* row, int i,
+                                            u32 key) {
+    if (DT != 2 && key != 0x80000000u && key != 0xffffffffu) {
+        int k = (int)(key ^ 0x80000000u);
+        u32 f = (u32)(k < 0 ? k ^ 0x7fffffff : k);
+        if (DT == 0) ((u32*)out)[pos] = f;
+        else ((unsigned short*)out)[pos] = (unsigned short)(f >> 16);
+    } else {
+        copy_value<DT>(out, pos, row, i);
+    }
 }
 
 template <int DT>
@@ -191,6 +209,17 @@ __device__ __forceinline__ void hist_add(int* h, u32 bin, bool active) {
     } else if (active) {
         atomicAdd(&h[bin], 1);
     }
+}
+
+// The same increments, one atomic per distinct bin of a warp (__match_any_sync): for keys that
+// sit in a few bins without a whole warp agreeing (candidates just above a bound, group maxima),
+// where per-lane atomics on a handful of addresses serialize. Not for whole rows: the match costs
+// more than it saves where a warp's bins are mostly distinct.
+__device__ __forceinline__ void hist_add_peers(int* h, u32 bin, bool active) {
+    u32 act = __ballot_sync(0xffffffffu, active);
+    if (!active) return;
+    u32 peers = __match_any_sync(act, bin);
+    if ((int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
 }
 
 // The 128-byte lines of row[lo, hi) toward L2, one line per thread (no register waits for them):
@@ -291,7 +320,7 @@ struct SmemPairs {  // candidates in shared memory, in index order
 // already holds this pass's histogram.
 template <class Src>
 __device__ int search_pass(const Src& src, int count, int pass, u32* prefix, int* need,
-                           int* hist, int* scratch, bool counted) {
+                           int* hist, int* scratch, bool counted, bool peers) {
     int shift = pass_shift(pass), nb = pass_bins(pass);
     u32 mask = pass_mask(pass), pre = *prefix;
     if (!counted) {
@@ -301,7 +330,9 @@ __device__ int search_pass(const Src& src, int count, int pass, u32* prefix, int
         for (int base = 0; base < count; base += blockDim.x) {
             int i = base + threadIdx.x;
             u32 u = i < count ? src.key(i) : 0u;
-            hist_add(hist, (u >> shift) & (u32)(nb - 1), i < count && (u & mask) == pre);
+            bool in = i < count && (u & mask) == pre;
+            if (peers) hist_add_peers(hist, (u >> shift) & (u32)(nb - 1), in);
+            else hist_add(hist, (u >> shift) & (u32)(nb - 1), in);
         }
         __syncthreads();
     }
@@ -367,19 +398,20 @@ __device__ void gather_bucket(const Src& src, int count, u32 mask, u32 prefix,
 // When a pass leaves a bucket of at most wk.cap keys, they move to wk.buf and the remaining
 // passes run over them alone (they only count, so any order does); then the per-warp counts
 // of the emission come out too (returns true). `counted`: hist already holds the histogram of
-// the first pass.
+// the first pass. `peers`: src's keys are candidates above a bound (a narrow range: few bins per
+// pass), counted with one atomic per distinct bin of a warp (the narrowed bucket always spreads).
 template <class Src>
 __device__ bool block_search(const Src& src, int count, int pass, u32 prefix, int need, int* hist,
                              int* scratch, u32* t_out, int* ties_out, WarpCounts wk,
-                             bool counted) {
+                             bool counted, bool peers) {
     bool gathered = false;
     for (; pass < 3; ++pass, counted = false) {
-        int in_d = search_pass(src, count, pass, &prefix, &need, hist, scratch, counted);
+        int in_d = search_pass(src, count, pass, &prefix, &need, hist, scratch, counted, peers);
         if (pass < 2 && in_d <= wk.cap && in_d < count) {
             gather_bucket(src, count, pass_mask(pass + 1), prefix, wk, scratch);
             SmemKeys rest{wk.buf};
             for (++pass; pass < 3; ++pass)
-                search_pass(rest, in_d, pass, &prefix, &need, hist, scratch, false);
+                search_pass(rest, in_d, pass, &prefix, &need, hist, scratch, false, false);
             for (int j = threadIdx.x; j < in_d; j += blockDim.x) {
                 u32 u = wk.buf[j];
                 if (u >= prefix) atomicAdd(&wk.wc[(u == prefix ? 32 : 0) + wk.owner[j]], 1);
@@ -429,7 +461,7 @@ __device__ void block_emit(const Src& src, int count, u32 t, int ties, int* out_
             int pos = gb + (eb < ties ? eb : ties);
             int idx = src.index(i);
             out_idx[pos] = idx;
-            copy_value<DT>(out_val, pos, row, idx);
+            write_value<DT>(out_val, pos, row, idx, u);
         }
         g += __popc(mg);
         e += __popc(me);
