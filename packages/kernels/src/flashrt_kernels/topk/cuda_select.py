@@ -12,12 +12,19 @@ Every launch has a fixed grid and no host sync, so a call is CUDA-graph safe onc
 exists (per device, B, S, chunk: the control words, histograms and counts are left zeroed for
 the next call by the launches themselves). Calls sharing a workspace must be ordered on one
 stream.
+
+Launches go through ``cuLaunchKernelEx`` with programmatic stream serialization (programmatic
+dependent launch, sm_90+) where ``cuda.bindings`` is importable, so that each pass's launch
+overlaps the one before (every kernel waits for its predecessor's completion before it touches
+global memory: the result is the same); else, or with ``pdl=False``, through CuPy.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
+import warnings
 from importlib import resources
 
 import numpy as np
@@ -135,12 +142,65 @@ def _workspace(device, b: int, s: int, chunk: int) -> dict[str, torch.Tensor]:
     return ws
 
 
+@functools.cache
+def _driver():
+    """``cuda.bindings.driver``, or None where it is not installed."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    return driver
+
+
+_CTYPES = {np.uint64: ctypes.c_void_p, np.int32: ctypes.c_int, np.int64: ctypes.c_longlong}
+_PDL_BROKEN: list[str] = []  # the driver's answer when a PDL launch was refused (then CuPy)
+
+
+def pdl_available() -> bool:
+    """Whether launches use programmatic dependent launch (``cuda.bindings`` importable and no
+    launch refused so far in this process)."""
+    return _driver() is not None and not _PDL_BROKEN
+
+
+def _launch_pdl(kern, grid, block, args, shared_mem, stream_handle) -> bool:
+    """One launch through cuLaunchKernelEx with programmatic stream serialization; False (and no
+    launch) when the driver refuses it."""
+    drv = _driver()
+    fn = kern.function if hasattr(type(kern), "function") else kern.kernel
+    cfg = drv.CUlaunchConfig()
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = shared_mem
+    cfg.hStream = drv.CUstream(stream_handle)
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    params = (tuple(int(a) for a in args), tuple(_CTYPES[type(a)] for a in args))
+    try:
+        res = drv.cuLaunchKernelEx(cfg, drv.CUfunction(fn.ptr), params, 0)
+        err = res[0] if isinstance(res, tuple) else res
+        ok = err == drv.CUresult.CUDA_SUCCESS
+    except Exception as exc:  # an API mismatch of this cuda.bindings: nothing was launched
+        err, ok = repr(exc), False
+    if not ok:
+        _PDL_BROKEN.append(str(err))
+        warnings.warn(f"topk cuda: PDL launch refused ({err}); launching through CuPy",
+                      RuntimeWarning, stacklevel=3)  # fmt: skip
+    return ok
+
+
 def _ptr(t: torch.Tensor | None) -> np.uint64:
     return np.uint64(0 if t is None else t.data_ptr())
 
 
-def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None) -> None:
-    """All launches of one call (inputs validated by ``api``)."""
+def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
+           pdl: bool = True) -> None:  # fmt: skip
+    """All launches of one call (inputs validated by ``api``). ``pdl``: programmatic dependent
+    launches where available (see the module docstring); False launches through CuPy."""
     import cupy
 
     b, n = scores.shape
@@ -155,31 +215,32 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None)
     ctrl, seg, segcnt = _ptr(ws["ctrl"]), _ptr(ws["seg"]), _ptr(ws["segcnt"])
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     stream = _stream(index, torch.cuda.current_stream(dev).cuda_stream)
+    handle = torch.cuda.current_stream(dev).cuda_stream
+    use_pdl = pdl and pdl_available()
+
+    def run(name, grid, block, args, shared_mem=0):
+        kern = _kernel(name, dt)
+        if use_pdl and _launch_pdl(kern, grid, block, args, shared_mem, handle):
+            return
+        kern(grid, block, args, shared_mem=shared_mem)
+
     with cupy.cuda.Device(index), stream:
         if s:
             grid, block = (s, b), (512,)
             if hint is None:
-                _kernel("bound_kernel", dt)(
-                    grid, block,
+                run("bound_kernel", grid, block,
                     (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(short_max), ctrl,
-                     _ptr(ws["gmax"])),
-                )  # fmt: skip
-            _kernel("count_kernel", dt)(
-                grid, block,
+                     _ptr(ws["gmax"])))  # fmt: skip
+            run("count_kernel", grid, block,
                 (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(CAP), i32(segcap),
                  i32(short_max), _ptr(hint), _ptr(state), i32(st.STATE_WORDS), ctrl,
-                 _ptr(ws["tc"]), seg, segcnt),
-            )  # fmt: skip
+                 _ptr(ws["tc"]), seg, segcnt))  # fmt: skip
             for _ in range(STEPS):
-                _kernel("step_kernel", dt)(
-                    grid, block,
+                run("step_kernel", grid, block,
                     (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(CAP), i32(segcap),
-                     i32(short_max), ctrl, _ptr(ws["hist"]), seg, segcnt),
-                )  # fmt: skip
-        _kernel("finish_kernel", dt)(
-            (b,), (FINISH_THREADS,),
+                     i32(short_max), ctrl, _ptr(ws["hist"]), seg, segcnt))  # fmt: skip
+        run("finish_kernel", (b,), (FINISH_THREADS,),
             (sc, stride, ln, i32(n), i32(k), i32(max(s, 1)), i32(segcap), i32(short_max),
              i32(1 if s else 0), i32(_keys_words(short_max, bool(s))), ctrl, seg, segcnt,
              _ptr(out_indices), _ptr(out_values), _ptr(state), i32(st.STATE_WORDS)),
-            shared_mem=smem,
-        )  # fmt: skip
+            smem)  # fmt: skip

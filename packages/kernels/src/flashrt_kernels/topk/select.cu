@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(512) bound_kernel(
     __shared__ int bins[BOUND_BINS];
     __shared__ int scratch[64];
     __shared__ u32 red[3];  // the last block's max, smallest nonzero and nonzero count of maxima
+    grid_dependency_wait();
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
@@ -287,6 +288,7 @@ __global__ void __launch_bounds__(512) step_kernel(
     int cap, int segcap, int short_max, int* ctrl, int* ghist, int2* seg, int* segcnt) {
     __shared__ int sh[HIST_BINS];
     __shared__ int scratch[64];
+    grid_dependency_wait();
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
@@ -331,6 +333,7 @@ __global__ void __launch_bounds__(512) count_kernel(
     __shared__ u32 th[9];
     __shared__ int cnt8[8];
     __shared__ u32 gmin;
+    grid_dependency_wait();
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
@@ -451,6 +454,7 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
                   (unsigned char*)(keys + keys_words + BUF_WORDS),       // BUF_WORDS owners
                   (int*)(keys + keys_words + BUF_WORDS + BUF_WORDS / 4),  // 64 counts
                   BUF_WORDS};
+    grid_dependency_wait();
     int b = blockIdx.x;
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;

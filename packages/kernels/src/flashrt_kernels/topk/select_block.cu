@@ -222,6 +222,17 @@ __device__ __forceinline__ void hist_add_peers(int* h, u32 bin, bool active) {
     if ((int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
 }
 
+// Programmatic dependent launch (sm_90; the host launches the passes with the attribute where it
+// can): every kernel waits for the previous grid's completion and memory before it touches global
+// memory, then lets the next grid launch, whose blocks take free slots and wait in turn -- the
+// launch latency of each pass overlaps the one before. Both are no-ops without the attribute.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // The 128-byte lines of row[lo, hi) toward L2, one line per thread (no register waits for them):
 // a pass issues this a fixed distance ahead of its loads, so that they find their lines in L2
 // instead of each tile's loads paying the full DRAM latency between the block's barriers.
