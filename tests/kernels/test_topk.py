@@ -341,3 +341,62 @@ def test_cuda_bound_every_group_layout(n, ks, split, lengths):
                 s = state.cpu()
                 assert bool((s[:, st.ROUNDS] == 1).all()), s[:, st.ROUNDS]
                 assert bool((s[:, st.ACCEPTED_COUNT] <= 2 * kk + 16).all()), s[:, st.ACCEPTED_COUNT]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [8192, 1 << 18])
+def test_cuda_values_keep_their_bits(n):
+    """The emission writes a value from its key where the key names one bit pattern; zeros of
+    either sign and NaNs with payloads (both signs) must still come out as the input's bits, in
+    fp32 and bf16, on one-block and split rows."""
+    _cuda_or_skip()
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(2, n, generator=g)
+    x[:, 4::11] = 9.0  # a plateau above every normal value
+    bits = x.view(torch.int32)
+    bits[:, 1::7] = 0  # +0.0
+    bits[:, 2::7] = -(2**31)  # -0.0
+    bits[0, 3::97] = 0x7FD30123  # NaN with a payload (bf16: 0x7fd3)
+    bits[1, 3::97] = -0x3EFFFF  # 0xffc10001: a negative NaN with a payload
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x if dtype == torch.float32 else (bits >> 16).to(torch.int16).view(dtype)
+        view = torch.int32 if dtype == torch.float32 else torch.int16
+        for k in (1, 512, 2048, 4096):
+            want = reference.topk(xd, k)
+            got = topk(xd.cuda(), k, backend="cuda")
+            assert torch.equal(got[1].cpu(), want[1])
+            assert torch.equal(got[0].cpu().view(view), want[0].view(view))
+
+
+@pytest.mark.gpu
+def test_cuda_programmatic_dependent_launch():
+    """Launches with programmatic dependent launch (the machine's cuda.bindings) give the bits of
+    CuPy's plain launches, eagerly and in a CUDA graph, hint-free and hinted; and the driver did
+    not refuse them."""
+    _cuda_or_skip()
+    from flashrt_kernels.topk import cuda_select
+
+    x = torch.randn(8, 1 << 17, device="cuda")
+    k = 1024
+    hint = torch.topk(x + 0.01 * torch.randn_like(x), k).indices.int()
+    for h in (None, hint):
+        outs = []
+        for pdl in (False, True):
+            ov = torch.full((8, k), float("nan"), device="cuda")
+            oi = torch.full((8, k), -7, dtype=torch.int32, device="cuda")
+            cuda_select.launch(x, k, None, ov, oi, None, h, None, pdl)
+            outs.append((ov.view(torch.int32).clone(), oi.clone()))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+        ov = torch.full((8, k), float("nan"), device="cuda")
+        oi = torch.full((8, k), -7, dtype=torch.int32, device="cuda")
+        cuda_select.launch(x, k, None, ov, oi, None, h, None, True)  # the workspace exists
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            cuda_select.launch(x, k, None, ov, oi, None, h, None, True)
+        ov.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(ov.view(torch.int32), outs[0][0]) and torch.equal(oi, outs[0][1])
+    want = reference.topk(x.cpu(), k)
+    assert torch.equal(outs[0][1].cpu(), want[1])
+    assert cuda_select.pdl_available(), cuda_select._PDL_BROKEN
