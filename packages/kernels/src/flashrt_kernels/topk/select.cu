@@ -99,7 +99,6 @@ __global__ void __launch_bounds__(512) bound_kernel(
     __shared__ u32 grp[BOUND_GROUPS];  // this block's group maxima; in the last block, the row's
     __shared__ int bins[BOUND_BINS];
     __shared__ int scratch[64];
-    __shared__ u32 red[3];  // the last block's max, smallest nonzero and nonzero count of maxima
     grid_dependency_wait();
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
@@ -164,80 +163,56 @@ __global__ void __launch_bounds__(512) bound_kernel(
         for (int j = threadIdx.x; j < Gb; j += blockDim.x) gmax[c * Gb + j] = (int)grp[j];
     if (!last_to_arrive(cr, S, scratch + 48)) return;
     // the row's last block: the M maxima (key 0: a group without elements) through grp, at once
-    // when they fit, else BOUND_GROUPS at a time in every pass. Their smallest nonzero and
-    // largest values bound the range the two histogram passes split: BOUND_BINS bins of 2^s
-    // keys from the smallest (s the least that covers the range), then the kk-th largest's bin
-    // in bins of 2^(s - BOUND_BITS). Bins over the values' own range, not over fixed key bits:
-    // maxima share their sign, exponent and leading mantissa bits, so fixed bits put them into a
-    // handful of bins, where every increment is a shared atomic on one of a few addresses.
+    // when they fit, else BOUND_GROUPS at a time in every pass; two passes of BOUND_BINS-bin
+    // histograms over them
     const bool staged = M <= BOUND_GROUPS;
-    u32 lmax = 0u, lmin = 0xffffffffu;
-    int nz = 0;
-    for (int j = threadIdx.x; j < M; j += blockDim.x) {
-        u32 v = (u32)__ldcg(&gmax[j]);
-        if (staged) grp[j] = v;
-        lmax = v > lmax ? v : lmax;
-        lmin = v && v < lmin ? v : lmin;
-        nz += v != 0u;
-    }
-    lmax = __reduce_max_sync(0xffffffffu, lmax);
-    lmin = __reduce_min_sync(0xffffffffu, lmin);
-    nz = (int)__reduce_add_sync(0xffffffffu, (u32)nz);
-    if (threadIdx.x == 0) {
-        red[0] = 0u;
-        red[1] = 0xffffffffu;
-        red[2] = 0u;
-    }
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) {
-        atomicMax(&red[0], lmax);
-        atomicMin(&red[1], lmin);
-        atomicAdd(&red[2], (u32)nz);
-    }
-    __syncthreads();
-    lmax = red[0];
-    lmin = red[1];
-    nz = (int)red[2];
-    u32 base = 0u;  // the bound: 0 (every key) when fewer than kk groups hold an element
-    if (nz >= kk) {
-        int s = 0;
-        while (((lmax - lmin) >> s) >= (u32)BOUND_BINS) ++s;
-        base = lmin;
-        u32 width = 0xffffffffu;  // the keys counted are [base, base + width]
-        int need = kk;
-#pragma unroll 1
-        for (int pass = 0; pass < 2; ++pass) {
-            for (int j = threadIdx.x; j < BOUND_BINS; j += blockDim.x) bins[j] = 0;
-            __syncthreads();
-#pragma unroll 1
-            for (int h = 0; h < M; h += BOUND_GROUPS) {
-                const int m = M - h < BOUND_GROUPS ? M - h : BOUND_GROUPS;
-                if (!staged) {
-                    __syncthreads();  // the previous part is counted
-                    for (int j = threadIdx.x; j < m; j += blockDim.x)
-                        grp[j] = (u32)__ldcg(&gmax[h + j]);
-                    __syncthreads();
-                }
-                for (int q = 0; q < m; q += blockDim.x) {
-                    int j = q + threadIdx.x;
-                    u32 v = j < m ? grp[j] : 0u;
-                    bool in = j < m && v >= base && v - base <= width;
-                    hist_add_peers(bins, in ? (v - base) >> s : 0u, in);
-                }
-            }
-            __syncthreads();
-            find_bucket(bins, BOUND_BINS, need, scratch + 40, scratch);  // the bins hold >= need
-            base += (u32)scratch[40] << s;
-            need -= scratch[41];
-            __syncthreads();
-            if (s == 0) break;  // base is the kk-th largest maximum itself
-            width = (1u << s) - 1u;
-            s = s > BOUND_BITS ? s - BOUND_BITS : 0;
+    u32 lmax = 0u;
+    if (staged) {
+        for (int j = threadIdx.x; j < M; j += blockDim.x) {
+            u32 v = (u32)__ldcg(&gmax[j]);
+            grp[j] = v;
+            lmax = v > lmax ? v : lmax;
         }
     }
+    u32 prefix = 0u, mask = 0u;
+    int need = kk;
+#pragma unroll 1
+    for (int shift = 32 - BOUND_BITS; shift >= 32 - 2 * BOUND_BITS; shift -= BOUND_BITS) {
+        for (int j = threadIdx.x; j < BOUND_BINS; j += blockDim.x) bins[j] = 0;
+        __syncthreads();
+#pragma unroll 1
+        for (int h = 0; h < M; h += BOUND_GROUPS) {
+            const int m = M - h < BOUND_GROUPS ? M - h : BOUND_GROUPS;
+            if (!staged) {
+                __syncthreads();  // the previous part is counted
+                for (int j = threadIdx.x; j < m; j += blockDim.x) {
+                    u32 v = (u32)__ldcg(&gmax[h + j]);
+                    grp[j] = v;
+                    lmax = v > lmax ? v : lmax;
+                }
+                __syncthreads();
+            }
+            for (int base = 0; base < m; base += blockDim.x) {
+                int j = base + threadIdx.x;
+                u32 v = j < m ? grp[j] : 0u;
+                hist_add(bins, (v >> shift) & (BOUND_BINS - 1), j < m && (v & mask) == prefix);
+            }
+        }
+        __syncthreads();
+        find_bucket(bins, BOUND_BINS, need, scratch + 40, scratch);  // the bins hold >= need
+        prefix |= (u32)scratch[40] << shift;
+        mask |= (u32)(BOUND_BINS - 1) << shift;
+        need -= scratch[41];
+        __syncthreads();
+    }
+    lmax = __reduce_max_sync(0xffffffffu, lmax);
+    if (threadIdx.x == 0) scratch[1] = 0;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) atomicMax((u32*)&scratch[1], lmax);
+    __syncthreads();
     if (threadIdx.x == 0) {
-        cr[C_LO] = (int)base;
-        cr[C_MAX] = (int)lmax;
+        cr[C_LO] = (int)prefix;
+        cr[C_MAX] = scratch[1];
         cr[C_ARRIVED] = 0;
     }
 }

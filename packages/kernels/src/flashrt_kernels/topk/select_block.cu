@@ -212,9 +212,10 @@ __device__ __forceinline__ void hist_add(int* h, u32 bin, bool active) {
 }
 
 // The same increments, one atomic per distinct bin of a warp (__match_any_sync): for keys that
-// sit in a few bins without a whole warp agreeing (candidates just above a bound, group maxima),
-// where per-lane atomics on a handful of addresses serialize. Not for whole rows: the match costs
-// more than it saves where a warp's bins are mostly distinct.
+// sit in a few bins without a whole warp agreeing (the finishing block's candidates just above a
+// bound), where per-lane atomics on a handful of addresses serialize. Not for whole rows: the
+// match costs more than it saves where a warp's bins are mostly distinct. (Nor, as measured on
+// the H200, for the bound's ranking of the group maxima: see docs/kernels/topk.md.)
 __device__ __forceinline__ void hist_add_peers(int* h, u32 bin, bool active) {
     u32 act = __ballot_sync(0xffffffffu, active);
     if (!active) return;
