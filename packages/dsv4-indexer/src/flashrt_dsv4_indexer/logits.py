@@ -3,8 +3,12 @@
 ``I[t, j] = sum_h w[t, h] * ReLU(q[t, h] . k[j])`` for decode rows ``t = b * next_n + i``
 (``next_n`` 1..4: the tokens of a multi-token-prediction step share the row's keys, each with its
 own valid length, see ``reference.row_lengths``), over the keys of batch row ``b`` reached through
-``block_table[b]``. One program scores ``PAGES`` pages of one batch row for all its ``next_n``
-tokens: the queries of the row form one [next_n * H, D] tile, so each key page is read once.
+``block_table[b]``. One program walks ``TILES`` tiles of ``KEYS`` consecutive positions of one
+batch row (a tile may span pages: each key's page comes from the block table) for all its ``next_n``
+tokens: the row's queries are loaded once per program as the [D, next_n * H] operand of a
+[KEYS, D] x [D, next_n * H] tensor-core dot per tile, so each key is read once and the head sum runs
+along the dot's N dimension; the tiles' key loads are software-pipelined (``STAGES``: cp.async into
+shared memory, two tiles in flight while one is scored).
 
 Arithmetic: fp8 keys: ``tl.dot`` on e4m3 query and key codes (tensor cores), fp32 accumulation,
 ReLU, head weights, a sum over heads in fp32, times the key's scale. MXFP4 keys are dequantized in
@@ -27,6 +31,7 @@ never counted nor listed. The list's order inside a segment is unspecified; its 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -67,104 +72,141 @@ def _e2m1_to_f32(nib):
 
 
 @triton.jit
+def _load_blocks(BT_ROW, j, max_len, PAGE: tl.constexpr):
+    """Cache block of each position ``j`` (block 0 past the row's end: those table entries may
+    hold anything and are never used)."""
+    return tl.load(BT_ROW + j // PAGE, mask=j < max_len, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_tile(KC, KS, blk, j, max_len, KEYS: tl.constexpr, D: tl.constexpr,
+               PAGE: tl.constexpr, FP4: tl.constexpr, DOT_F32: tl.constexpr):  # fmt: skip
+    """The raw codes and scales of the keys at positions ``j`` (nothing read past ``max_len``):
+    fp8: e4m3 codes [KEYS, D] (uint8 under the interpreter) and fp32 scales [KEYS]; fp4: packed
+    bytes [KEYS, D / 2] and UE8M0 scale bytes [KEYS, D / 32]."""
+    slot = blk * PAGE + j % PAGE
+    live = (j < max_len)[:, None]
+    if FP4:
+        dh = tl.arange(0, D // 2)
+        ds = tl.arange(0, D // 32)
+        codes = tl.load(KC + slot[:, None] * (D // 2) + dh[None, :], mask=live, other=0)
+        scales = tl.load(KS + slot[:, None] * (D // 32) + ds[None, :], mask=live, other=0)
+    else:
+        d = tl.arange(0, D)
+        if DOT_F32:
+            codes = tl.load(KC + slot[:, None] * D + d[None, :], mask=live, other=0)
+        else:  # e4m3 straight from memory: no conversion between the load and the dot
+            kc = KC.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+            codes = tl.load(kc + slot[:, None] * D + d[None, :], mask=live)
+        scales = tl.load(KS + slot, mask=j < max_len, other=0.0)
+    return codes, scales
+
+
+@triton.jit
 def _paged_indexer_logits_kernel(
     Q, W, KC, KS, BT, LENS, OUT, BMAX, LINES, CNT, LVAL, LIDX, CLAIM,
-    bt_stride, out_stride, bmax_stride, seg_cap,
+    bt_stride, out_stride, bmax_stride, seg_cap, width, n_tiles,
     NEXT_N: tl.constexpr, NQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
-    PAGE: tl.constexpr, PAGES: tl.constexpr, FP4: tl.constexpr, DOT_F32: tl.constexpr,
-    FILL_PAD: tl.constexpr, EMIT_MAX: tl.constexpr, EMIT_COUNTS: tl.constexpr,
-    EMIT_LIST: tl.constexpr,
+    PAGE: tl.constexpr, KEYS: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr,
+    FP4: tl.constexpr, DOT_F32: tl.constexpr, FILL_PAD: tl.constexpr, EMIT_MAX: tl.constexpr,
+    EMIT_COUNTS: tl.constexpr, EMIT_LIST: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
-    tile = tl.program_id(1)
+    t0 = tl.program_id(1) * TILES
     qi = tl.arange(0, NQ)
     q_ok = qi < NEXT_N
     rows = b * NEXT_N + qi
     lens = tl.load(LENS + rows, mask=q_ok, other=0)
     max_len = tl.max(lens, 0)
 
+    # the row's queries once per program, as the [D, NQ * H] operand of every tile's dot
     m = tl.arange(0, NQ * H)
     mq = m // H
     qrow = b * NEXT_N + mq
     d = tl.arange(0, D)
-    qc = tl.load(Q + (qrow * H + m % H)[:, None] * D + d[None, :], mask=(mq < NEXT_N)[:, None])
+    qc = tl.load(Q + (qrow * H + m % H)[:, None] * D + d[None, :], mask=(mq < NEXT_N)[:, None],
+                 other=0)  # fmt: skip
     w = tl.load(W + qrow * H + m % H, mask=mq < NEXT_N, other=0.0)
     if DOT_F32:
-        qd = _e4m3_to_f32(qc)
+        qt = tl.trans(_e4m3_to_f32(qc))
     elif FP4:
-        qd = _e4m3_to_f32(qc).to(tl.bfloat16)
+        qt = tl.trans(_e4m3_to_f32(qc).to(tl.bfloat16))
     else:
-        qd = qc.to(tl.float8e4nv, bitcast=True)
+        qt = tl.trans(qc.to(tl.float8e4nv, bitcast=True))
 
-    kj = tl.arange(0, PAGE)
-    for p in tl.static_range(PAGES):
-        pos0 = (tile * PAGES + p) * PAGE
-        j = pos0 + kj
-        valid = (j[None, :] < lens[:, None]) & q_ok[:, None]
-        optr = OUT + rows[:, None] * out_stride + j[None, :]
-        if pos0 < max_len:
-            blk = tl.load(BT + b * bt_stride + tile * PAGES + p).to(tl.int64)
-            slot = blk * PAGE + kj
-            if FP4:
-                byte = tl.load(KC + slot[:, None] * (D // 2) + (d // 2)[None, :])
-                nib = (byte >> ((d % 2) * 4).to(tl.uint8)[None, :]) & 15
-                sc = tl.load(KS + slot[:, None] * (D // 32) + (d // 32)[None, :]).to(tl.uint32)
-                kf = _e2m1_to_f32(nib) * (sc << 23).to(tl.float32, bitcast=True)
-                if DOT_F32:
-                    s = tl.dot(qd, tl.trans(kf), input_precision="ieee")
-                else:
-                    s = tl.dot(qd, tl.trans(kf.to(tl.bfloat16)))
-                s = tl.maximum(s, 0.0) * w[:, None]
-                logit = tl.sum(tl.reshape(s, (NQ, H, PAGE)), axis=1)
+    kj = tl.arange(0, KEYS)
+    c4 = tl.arange(0, 4)
+    t_end = tl.minimum(t0 + TILES, n_tiles)
+    t_live = tl.maximum(t0, tl.minimum(t_end, tl.cdiv(max_len, KEYS)))
+    cnt = tl.zeros((NQ, 4), tl.int32)  # counts at the three lines, summed over the tiles
+    for t in tl.range(t0, t_live, num_stages=STAGES):  # key loads pipelined (cp.async)
+        j = t * KEYS + kj
+        blk = _load_blocks(BT + b * bt_stride, j, max_len, PAGE)
+        kc, ksc = _load_tile(KC, KS, blk, j, max_len, KEYS, D, PAGE, FP4, DOT_F32)
+        if FP4:
+            nib = tl.reshape(tl.join(kc & 15, kc >> 4), (KEYS, D))  # even element: low nibble
+            scale = (ksc.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+            kf = tl.reshape(tl.reshape(_e2m1_to_f32(nib), (KEYS, D // 32, 32)) * scale[:, :, None],
+                            (KEYS, D))  # fmt: skip
+            if DOT_F32:
+                s = tl.dot(kf, qt, input_precision="ieee")
             else:
-                kc = tl.load(KC + slot[:, None] * D + d[None, :])
-                if DOT_F32:
-                    s = tl.dot(qd, tl.trans(_e4m3_to_f32(kc)), input_precision="ieee")
-                else:
-                    s = tl.dot(qd, tl.trans(kc.to(tl.float8e4nv, bitcast=True)))
-                s = tl.maximum(s, 0.0) * w[:, None]
-                ks = tl.load(KS + slot)
-                logit = tl.sum(tl.reshape(s, (NQ, H, PAGE)), axis=1) * ks[None, :]
+                s = tl.dot(kf.to(tl.bfloat16), qt)
+        elif DOT_F32:
+            s = tl.dot(_e4m3_to_f32(kc), qt, input_precision="ieee")
+        else:
+            s = tl.dot(kc, qt)
+        s = tl.maximum(s, 0.0)  # [KEYS, NQ * H]
+        for i in tl.static_range(NEXT_N):
+            row = b * NEXT_N + i
+            logit = tl.sum(s * tl.where(mq == i, w, 0.0)[None, :], axis=1)
+            if not FP4:
+                logit = logit * ksc
+            valid = j < tl.load(LENS + row)
+            optr = OUT + row * out_stride + j
             if FILL_PAD:
-                tl.store(optr, tl.where(valid, logit, float("-inf")), mask=q_ok[:, None])
+                tl.store(optr, tl.where(valid, logit, float("-inf")), mask=j < width)
             else:
                 tl.store(optr, logit, mask=valid)
             if EMIT_MAX:
                 lm = tl.where(valid, logit, float("-inf"))
-                bm = tl.max(tl.reshape(lm, (NQ, PAGE // 32, 32)), axis=2)
-                g = pos0 // 32 + tl.arange(0, PAGE // 32)
-                tl.store(BMAX + rows[:, None] * bmax_stride + g[None, :], bm, mask=q_ok[:, None])
+                bm = tl.max(tl.reshape(lm, (KEYS // 32, 32)), axis=1)
+                g = t * (KEYS // 32) + tl.arange(0, KEYS // 32)
+                tl.store(BMAX + row * bmax_stride + g, bm, mask=g * 32 < width)
             if EMIT_COUNTS:
-                for c in tl.static_range(3):
-                    lc = tl.load(LINES + rows * 3 + c, mask=q_ok, other=float("inf"))
-                    n = tl.sum((valid & (logit >= lc[:, None])).to(tl.int32), axis=1)
-                    tl.atomic_add(CNT + rows * 3 + c, n, mask=q_ok & (n > 0))
+                lc = tl.load(LINES + row * 3 + c4, mask=c4 < 3, other=float("inf"))
+                ge = valid[:, None] & (logit[:, None] >= lc[None, :])
+                cnt += tl.where(qi[:, None] == i, tl.sum(ge.to(tl.int32), axis=0)[None, :], 0)
             if EMIT_LIST:
                 for sg in tl.static_range(3):
-                    lo = tl.load(LINES + rows * 3 + sg, mask=q_ok, other=float("inf"))
-                    sel = valid & (logit >= lo[:, None])
+                    sel = valid & (logit >= tl.load(LINES + row * 3 + sg))
                     if sg > 0:
-                        hi = tl.load(LINES + rows * 3 + sg - 1, mask=q_ok, other=float("inf"))
-                        sel = sel & (logit < hi[:, None])
+                        sel = sel & (logit < tl.load(LINES + row * 3 + sg - 1))
                     si = sel.to(tl.int32)
-                    n = tl.sum(si, axis=1)
-                    if tl.sum(n, 0) > 0:  # most pages hold no candidate: skip the claim
-                        base = tl.atomic_add(CLAIM + rows * 3 + sg, n, mask=q_ok & (n > 0))
-                        at = base[:, None] + tl.cumsum(si, axis=1) - 1
+                    n = tl.sum(si, 0)
+                    if n > 0:  # most tiles hold no candidate: skip the claim
+                        base = tl.atomic_add(CLAIM + row * 3 + sg, n)
+                        at = base + tl.cumsum(si, 0) - 1
                         keep = sel & (at < seg_cap)
-                        dst = rows[:, None] * (3 * seg_cap) + sg * seg_cap + at
+                        dst = row * (3 * seg_cap) + sg * seg_cap + at
                         tl.store(LVAL + dst, logit, mask=keep)
-                        tl.store(LIDX + dst, (j[None, :] + 0 * at).to(tl.int32), mask=keep)
-        else:
-            if FILL_PAD:
-                tl.store(optr, tl.full((NQ, PAGE), float("-inf"), tl.float32), mask=q_ok[:, None])
-            if EMIT_MAX:
-                g = pos0 // 32 + tl.arange(0, PAGE // 32)
-                tl.store(
-                    BMAX + rows[:, None] * bmax_stride + g[None, :],
-                    tl.full((NQ, PAGE // 32), float("-inf"), tl.float32),
-                    mask=q_ok[:, None],
-                )
+                        tl.store(LIDX + dst, j.to(tl.int32), mask=keep)
+    if EMIT_COUNTS:
+        cptr = CNT + rows[:, None] * 3 + c4[None, :]
+        tl.atomic_add(cptr, cnt, mask=q_ok[:, None] & (c4 < 3)[None, :] & (cnt > 0))
+    if FILL_PAD or EMIT_MAX:
+        for t in range(t_live, t_end):  # tiles past every token's length: padding only
+            j = t * KEYS + kj
+            for i in tl.static_range(NEXT_N):
+                row = b * NEXT_N + i
+                if FILL_PAD:
+                    tl.store(OUT + row * out_stride + j, tl.full((KEYS,), float("-inf"),
+                             tl.float32), mask=j < width)  # fmt: skip
+                if EMIT_MAX:
+                    g = t * (KEYS // 32) + tl.arange(0, KEYS // 32)
+                    tl.store(BMAX + row * bmax_stride + g,
+                             tl.full((KEYS // 32,), float("-inf"), tl.float32),
+                             mask=g * 32 < width)  # fmt: skip
 
 
 @dataclass
@@ -201,12 +243,23 @@ class Emissions:
         return self.list_claims > self.seg_cap
 
 
-def launch_config(batch: int, n_pages: int, page: int, nq: int, h: int) -> tuple[int, int]:
-    """(pages per program, num_warps): host shape ints only, so graph capture sees fixed choices."""
-    pages = max(1, 512 // page)
-    while pages > 1 and batch * triton.cdiv(n_pages, pages) < 4 * 132:
-        pages //= 2
-    return pages, 4 if nq * h <= 64 else 8
+def launch_config(batch: int, width: int, nq: int, h: int, sms: int) -> tuple[int, int, int, int]:
+    """(keys per tile, tiles per program, num_warps, pipeline stages) from host shape ints only,
+    so graph capture sees fixed choices. A tile is one [KEYS, D] x [D, next_n * H] dot (the head
+    sum then runs along the dot's N dimension, inside a warp); a program walks up to 16 tiles of
+    one row with their key loads pipelined, keeping at least 4 programs per SM where the grid
+    allows."""
+    keys = 128 if nq * h <= 64 else 64
+    n_tiles = triton.cdiv(width, keys)
+    tiles = 16
+    while tiles > 1 and batch * triton.cdiv(n_tiles, tiles) < 4 * sms:
+        tiles //= 2
+    return keys, tiles, 4 if nq * h * keys <= 8192 else 8, 3
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _validate(q_codes, weights, key_codes, key_scales, key_format, block_table, lengths, out, em):
@@ -307,11 +360,14 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
     next_n = rows // batch
     nq = triton.next_power_of_2(next_n)
     page = key_codes.shape[1]
-    pages, warps = launch_config(batch, n_pages, page, nq, h)
+    width = n_pages * page
+    dev = q_codes.device
+    sms = _sm_count(dev.index or 0) if dev.type == "cuda" else 8
+    keys, tiles, warps, stages = launch_config(batch, width, nq, h, sms)
+    n_tiles = triton.cdiv(width, keys)
     em = em or Emissions()
     dummy_f, dummy_i = out, lengths
-    cap = em.seg_cap
-    grid = (batch, triton.cdiv(n_pages, pages))
+    grid = (batch, triton.cdiv(n_tiles, tiles))
     _paged_indexer_logits_kernel[grid](
         q_codes, weights, key_codes, key_scales, block_table, lengths, out,
         em.block_max if em.block_max is not None else dummy_f,
@@ -321,9 +377,9 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
         em.list_indices if em.list_indices is not None else dummy_i,
         em.list_claims if em.list_claims is not None else dummy_i,
         block_table.stride(0), out.stride(0),
-        em.block_max.stride(0) if em.block_max is not None else 0, cap,
-        NEXT_N=next_n, NQ=nq, H=h, D=d, PAGE=page, PAGES=pages, FP4=key_format == "fp4",
-        DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
+        em.block_max.stride(0) if em.block_max is not None else 0, em.seg_cap, width, n_tiles,
+        NEXT_N=next_n, NQ=nq, H=h, D=d, PAGE=page, KEYS=keys, TILES=tiles, STAGES=stages,
+        FP4=key_format == "fp4", DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
         EMIT_MAX=em.block_max is not None, EMIT_COUNTS=em.counts is not None,
         EMIT_LIST=em.list_values is not None, num_warps=warps,
     )  # fmt: skip
