@@ -155,8 +155,12 @@ def test_short_rows_in_a_long_engine_route_on_live_lengths():
     assert routing.plan_tier([300, 100_000]) == "rungs"  # the list tier is off by default
     with_list = routing.RoutingPolicy(list_max_batch=4)
     assert routing.plan_tier([300, 100_000], policy=with_list) == "list"
-    assert routing.plan_tier([70_000] * 64) == "counts"
-    assert routing.plan_tier([4096] * 8) == "rungs"
+    assert routing.plan_tier([70_000] * 64) == "rungs"  # the counts tier is off by default
+    with_counts = routing.RoutingPolicy(counts_min_work=1 << 22)
+    assert routing.plan_tier([70_000] * 64, policy=with_counts) == "counts"
+    assert routing.plan_tier([4096] * 8) == "none"  # the CUDA select's one-block rows take no hint
+    assert routing.plan_tier([32_768] * 8) == "none"
+    assert routing.plan_tier([32_769] * 8) == "rungs"
     assert routing.plan_tier([100_000], warm_rows=0) == "none"
     cfg = config.tiny("fp8", 32)
     spec = chains.ChainSpec(slots=2, min_len=40, max_len=60, seed=7)
@@ -198,8 +202,13 @@ def test_relu_plateau_selects_the_first_k_positions():
 def test_decode_step_graph_replay_is_bit_identical(preset):
     cfg = config.preset(preset)
     spec = chains.ChainSpec(slots=4, min_len=20_000, max_len=60_000, next_n=2, churn=0.0, seed=10)
-    ix, ch = make(cfg, spec, "cuda")
+    # 5k-15k keys: the default plan is the hint-free tier; v4-pro's policy captures the hinted one
+    policy = (
+        routing.RoutingPolicy(min_assist_n=2048) if preset == "v4-pro" else routing.DEFAULT_POLICY
+    )
+    ix, ch = make(cfg, spec, "cuda", policy=policy)
     graph = ix.capture(4, 2, ix.config.n_keys(spec.max_len + 64 * 2), q_dtype=torch.float32)
+    assert graph.tier == ("rungs" if preset == "v4-pro" else "none")
     for _ in range(3):
         st_ = ch.step()
         chains.drive(ix, st_, 2) if st_.new else None
@@ -239,14 +248,15 @@ def test_capture_without_reserved_buffers_raises():
         ("v4-flash", "fp8", 2, (260_000, 520_000), 1),  # list tier
         ("v4-pro", "fp4", 16, (20_000, 120_000), 2),  # rungs tier, MTP
         ("v4-flash", "fp8", 64, (250_000, 320_000), 1),  # counts tier
-        ("v3.2", "fp8", 4, (1000, 9000), 4),  # short rows: no assist
+        ("v3.2", "fp8", 4, (1000, 9000), 4),  # short rows, K = 2048, MTP 4 (rungs here)
     ],
 )
 def test_real_chain_steps_are_exact_gpu(preset, fmt, slots, lens, next_n):
     cfg = config.preset(preset).with_(key_format=fmt)
     spec = chains.ChainSpec(slots=slots, min_len=lens[0], max_len=lens[1], next_n=next_n,
                             churn=0.2, compact=0.2, seed=12, steps_headroom=8)  # fmt: skip
-    ix, ch = make(cfg, spec, "cuda", policy=routing.RoutingPolicy(list_max_batch=4))
+    policy = routing.RoutingPolicy(min_assist_n=2048, list_max_batch=4, counts_min_work=1 << 22)
+    ix, ch = make(cfg, spec, "cuda", policy=policy)
     for _ in range(3):
         st_ = ch.step()
         top = chains.drive(ix, st_, next_n)

@@ -5,9 +5,17 @@ emissions + the routed top-K (flashrt-kernels' hint consumers); (b) our logits w
 the hint-free top-K; (a) what a user writes in torch: gather and dequantize the paged keys, einsum,
 ReLU, weighted head sum, ``torch.topk``. Rows have independent live lengths in [3N/4, N] and their
 own drifting queries; the state (previous indices, lines, counts) comes from three eager closed-loop
-steps before timing. Key pages are drawn (per row, in random order) from a pool of distinct
-pages so the largest cells fit the benchmark's time; every row has its own queries and lengths.
-Each timed callable is replayed from a CUDA graph (``benchmarking.time_graph_us``).
+steps before timing, and the timed step's queries drift once more (the hint is the previous step's
+selection, not the timed step's own). Key pages are drawn (per row, in random order) from a pool of
+distinct pages so the largest cells fit the benchmark's time; every row has its own queries and
+lengths. Each timed callable is replayed from a CUDA graph (``benchmarking.time_graph_us``). Where
+the routed tier is ``none``, the routed top-K is the hint-free call itself (one timing for both).
+
+Extra columns: the ``counts`` tier (its emission and its Triton consumer) where ``B * N >= 4M`` (it
+is off by default: measured, not routed); the MXFP4 logits kernel (v4-flash cells: the kernel does
+not depend on the preset's K); and at B = 1 (v4-flash), flashrt-kernels' Triton hint-free select on
+our logits, on ``randn`` rows of the same shape with our lengths, and without lengths (its own
+benchmark's input), which tells the backend, the lengths and the score distribution apart.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import torch
 
 from flashrt_dsv4_indexer import config, topk_stage
 from flashrt_dsv4_indexer.indexer import Indexer
-from flashrt_dsv4_indexer.key_cache import PagedKeyCache, quantize_fp8_rows
+from flashrt_dsv4_indexer.key_cache import PagedKeyCache
 from flashrt_dsv4_indexer.logits import paged_indexer_logits
 
 BATCHES = (1, 4, 16, 64, 256)
@@ -47,6 +55,7 @@ def _cell(cfg, batch, n, gen, pool_cache):
     for _ in range(3):  # closed-loop steps: drifting queries, same rows
         q = 0.95 * q + 0.31 * torch.randn_like(q)
         ix.decode_step(q, w, seq, bt, ids, seq_lens_host=seq_host)
+    q = 0.95 * q + 0.31 * torch.randn_like(q)  # the timed step: one more drift
     return ix, q, w, seq, seq_host, bt, lens_n
 
 
@@ -62,7 +71,10 @@ def _torch_step(cache, bt, q, w, lengths, k, n):
     return torch.topk(logits, k, dim=1)
 
 
-def _time_cell(cfg, pool, batch, n, gen, row):
+COUNTS_MIN_WORK = 1 << 22  # cells where the counts tier is timed (B * N)
+
+
+def _time_cell(cfg, pool, batch, n, gen, row, pool_fp4=None):
     from flashrt_dsv4_indexer.key_cache import quantize_queries
     from flashrt_kernels.benchmarking import floor_us, time_graph_us
 
@@ -80,43 +92,75 @@ def _time_cell(cfg, pool, batch, n, gen, row):
     if em is not None:
         em.lines.copy_(ix.state.lines[slot])
 
-    def logits_emit(em=em):
+    def logits_emit(em=em, cache=pool, fmt="fp8"):
         if em is not None and em.list_indices is not None:
             em.list_indices.fill_(-1)
-        paged_indexer_logits(qc, wf, pool.codes, pool.scales, bt_p, lengths_t,
+        paged_indexer_logits(qc, wf, cache.codes, cache.scales, bt_p, lengths_t, key_format=fmt,
                              out=logits, emissions=em, fill_padding=False)  # fmt: skip
-
-    def logits_plain():
-        paged_indexer_logits(qc, wf, pool.codes, pool.scales, bt_p, lengths_t,
-                             out=logits, fill_padding=False)  # fmt: skip
 
     logits_emit()
     vo = torch.empty(batch, k, device=DEVICE)
     io = torch.empty(batch, k, dtype=torch.int32, device=DEVICE)
 
-    def routed(em=em, tier=tier):
-        topk_stage.select(logits, k, lengths_t, tier=tier, prev_indices=prev,
-                          emissions=em, out_values=vo, out_indices=io)  # fmt: skip
+    def topk_call(tier_, em_=None, scores=logits, lengths=lengths_t, backend="auto"):
+        def call():
+            topk_stage.select(scores, k, lengths, tier=tier_, prev_indices=prev, emissions=em_,
+                              out_values=vo, out_indices=io, backend=backend)  # fmt: skip
 
-    def hint_free():
-        topk_stage.select(logits, k, lengths_t, tier="none", out_values=vo,
-                          out_indices=io)  # fmt: skip
+        return call
 
     t_le = time_graph_us([logits_emit])
-    t_lp = time_graph_us([logits_plain])
-    t_tr = time_graph_us([routed])
-    t_tn = time_graph_us([hint_free])
+    t_lp = time_graph_us([lambda: logits_emit(None)]) if em is not None else t_le
+    t_tn = time_graph_us([topk_call("none")])
+    t_tr = time_graph_us([topk_call(tier, em)]) if tier != "none" else t_tn
     keys_read = sum(lens_n)
     fl = floor_us(keys_read * cfg.key_bytes() + batch * n * 4)
     row.update(tier=tier, logits_us=t_le, logits_plain_us=t_lp, topk_routed_us=t_tr,
                topk_hintfree_us=t_tn, step_us=t_le + t_tr,
                x_topk_b=t_tn / t_tr, x_step_b=(t_lp + t_tn) / (t_le + t_tr),
                floor_us=fl, logits_floor_frac=fl / t_lp)  # fmt: skip
+    if batch * n >= COUNTS_MIN_WORK:  # the counts tier: measured, off by default
+        em_c = buf.emissions["counts"]
+        em_c.lines.copy_(ix.state.lines[slot])
+        t_lc = time_graph_us([lambda: logits_emit(em_c)])
+        t_tc = time_graph_us([topk_call("counts", em_c)])
+        row.update(logits_counts_us=t_lc, topk_counts_us=t_tc, x_topk_counts=t_tn / t_tc)
+    if pool_fp4 is not None:
+        t_l4 = time_graph_us([lambda: logits_emit(None, pool_fp4, "fp4")])
+        fl4 = floor_us(keys_read * cfg.with_(key_format="fp4").key_bytes() + batch * n * 4)
+        row.update(logits_fp4_us=t_l4, fp4_floor_us=fl4, fp4_floor_frac=fl4 / t_l4)
+    if batch == 1 and pool_fp4 is not None:  # why the Triton select differs from its benchmark
+        logits_emit()
+        rnd = torch.randn(
+            logits.shape, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n)
+        )
+        row.update(
+            topk_triton_us=time_graph_us([topk_call("none", backend="triton")]),
+            topk_triton_randn_len_us=time_graph_us([topk_call("none", scores=rnd,
+                                                              backend="triton")]),
+            topk_triton_randn_us=time_graph_us([topk_call("none", scores=rnd, lengths=None,
+                                                          backend="triton")]),
+        )  # fmt: skip
     if batch * n <= TORCH_MAX_KEYS:
         lt = lengths_t.long()
         t_a = time_graph_us([lambda: _torch_step(pool, bt_p, qc.view(torch.float8_e4m3fn).float(), wf, lt, k, logits.shape[1])])  # fmt: skip
         row.update(torch_step_us=t_a, x_step_a=t_a / (t_le + t_tr))
     return row
+
+
+def _pool(cfg, fmt):
+    """A cache of POOL_KEYS distinct keys (clustered around 64 centres), ``fmt`` codes."""
+    pool = PagedKeyCache(POOL_KEYS // cfg.block_size, cfg.block_size, cfg.head_dim, fmt, DEVICE)
+    gen = torch.Generator(DEVICE).manual_seed(1)
+    for c0 in range(0, POOL_KEYS, 1 << 18):
+        keys = torch.randn(1 << 18, cfg.head_dim, device=DEVICE, generator=gen)
+        keys += 2.0 * torch.randn(64, cfg.head_dim, device=DEVICE, generator=gen)[
+            torch.randint(0, 64, (1 << 18,), device=DEVICE, generator=gen)]  # fmt: skip
+        codes, scales = pool.quantize(keys)
+        blk = slice(c0 // cfg.block_size, (c0 + (1 << 18)) // cfg.block_size)
+        pool.codes[blk] = codes.view(-1, cfg.block_size, *pool.codes.shape[2:])
+        pool.scales[blk] = scales.view(-1, cfg.block_size, *pool.scales.shape[2:])
+    return pool
 
 
 def run(quick: bool = False, budget_s: float = 150.0, on_row=None) -> list[dict]:
@@ -129,17 +173,8 @@ def run(quick: bool = False, budget_s: float = 150.0, on_row=None) -> list[dict]
     lengths = LENGTHS[:3] if quick else LENGTHS
     for name in presets:
         cfg = config.preset(name)
-        pool = PagedKeyCache(
-            POOL_KEYS // cfg.block_size, cfg.block_size, cfg.head_dim, "fp8", DEVICE
-        )
-        for c0 in range(0, POOL_KEYS, 1 << 18):
-            keys = torch.randn(1 << 18, cfg.head_dim, device=DEVICE)
-            keys += 2.0 * torch.randn(64, cfg.head_dim, device=DEVICE)[
-                torch.randint(0, 64, (1 << 18,), device=DEVICE)]  # fmt: skip
-            codes, scales = quantize_fp8_rows(keys)
-            blk = slice(c0 // cfg.block_size, (c0 + (1 << 18)) // cfg.block_size)
-            pool.codes[blk] = codes.view(-1, cfg.block_size, cfg.head_dim)
-            pool.scales[blk] = scales.view(-1, cfg.block_size)
+        pool = _pool(cfg, "fp8")
+        pool_fp4 = _pool(cfg, "fp4") if name == "v4-flash" else None
         for batch in batches:
             for n in lengths:
                 row = {"preset": name, "B": batch, "N": n}
@@ -147,10 +182,11 @@ def run(quick: bool = False, budget_s: float = 150.0, on_row=None) -> list[dict]
                     row["tier"] = "skipped (time budget)"
                     rows.append(row)
                     continue
-                rows.append(_time_cell(cfg, pool, batch, n, gen, row))
+                rows.append(_time_cell(cfg, pool, batch, n, gen, row, pool_fp4))
                 if on_row is not None:
                     on_row(rows)
 
+        del pool, pool_fp4
         torch.cuda.empty_cache()
     return rows
 
@@ -169,6 +205,11 @@ def summary(rows: list[dict]) -> list[dict]:
         "step_vs_a_geomean": geomean(r.get("x_step_a") for r in done),
         "logits_floor_frac_min_where_floor_ge_10us": min(
             (r["logits_floor_frac"] for r in done if r["floor_us"] >= 10), default=float("nan")),
+        "logits_floor_frac_geomean_where_floor_ge_10us": geomean(
+            r["logits_floor_frac"] for r in done if r["floor_us"] >= 10),
+        "fp4_floor_frac_geomean_where_floor_ge_10us": geomean(
+            r["fp4_floor_frac"] for r in done if r.get("fp4_floor_us", 0) >= 10),
+        "topk_counts_vs_b_geomean": geomean(r.get("x_topk_counts") for r in done),
     }]  # fmt: skip
 
 

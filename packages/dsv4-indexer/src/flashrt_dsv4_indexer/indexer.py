@@ -142,7 +142,7 @@ class Indexer:
             buf.lengths, key_format=cfg.key_format, out=buf.logits, emissions=em,
             fill_padding=False, backend=self.logits_backend,
         )  # fmt: skip
-        prev = self.state.prev[slot].repeat_interleave(next_n, 0)
+        prev = self.state.prev[slot].repeat_interleave(next_n, 0) if tier != "none" else None
         topk_stage.select(
             buf.logits, cfg.topk, buf.lengths, tier=tier, prev_indices=prev, emissions=em,
             out_values=buf.values, out_indices=buf.indices, backend=self.topk_backend,

@@ -4,11 +4,16 @@ The plan looks at the live compressed lengths of the rows in the step (never the
 length: a short row in a long-context engine must not pay for machinery that only helps long rows)
 and at the batch size:
 - ``none`` (hint-free exact top-K) when the longest live row is short (below ``min_assist_n``) or
-  no row has usable closed-loop state;
+  no row has usable closed-loop state. The default threshold is past flashrt-kernels' CUDA select's
+  one-block rows (``cuda_select.SHORT_MAX`` = 32768: one block per row searches the row in shared
+  memory and takes no hint, so a hint there only costs its gather);
 - ``list`` (candidate-list emission) for long rows at small batch (``n >= list_min_n`` and
   ``batch <= list_max_batch``): the list lets the top-K rank a small set;
-- ``counts`` (seed-count emission) where ``batch * n`` is large;
+- ``counts`` (seed-count emission) where ``batch * n >= counts_min_work`` (None: never);
 - ``rungs`` (previous-step indices only, no emission) otherwise.
+The ``list`` and ``counts`` tiers are off by default: both consumers run flashrt-kernels' Triton
+select, slower than its CUDA select with the previous indices (``rungs``), and both emissions cost
+logits time (measured in docs/dsv4-indexer.md).
 The CUDA-graph path fixes one plan per (batch, length bucket): ``bucket_length`` rounds the live
 maximum up to a power of two, and the plan is computed from the bucket.
 """
@@ -21,13 +26,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RoutingPolicy:
-    min_assist_n: int = 2048
+    min_assist_n: int = 32768 + 1
     list_min_n: int = 65536
     # 0: the list tier is off by default. Measured on the H200 (docs/dsv4-indexer.md): its
     # emission costs 2.7-4.8x the plain logits kernel and the list consumer runs the exact path
     # too, so it lost (0.58x) on every cell it was picked; pass a policy to turn it on.
     list_max_batch: int = 0
-    counts_min_work: int = 1 << 22  # batch * n
+    counts_min_work: int | None = None  # batch * n; None: the counts tier is off
 
 
 DEFAULT_POLICY = RoutingPolicy()
@@ -45,7 +50,7 @@ def plan_tier(
         return "none"
     if n >= policy.list_min_n and batch <= policy.list_max_batch:
         return "list"
-    if batch * n >= policy.counts_min_work:
+    if policy.counts_min_work is not None and batch * n >= policy.counts_min_work:
         return "counts"
     return "rungs"
 

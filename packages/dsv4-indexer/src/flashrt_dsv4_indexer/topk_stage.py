@@ -1,17 +1,23 @@
 """The selection step: the one place that decides which top-K runs for a routed tier.
 
 Every tier returns the deterministic top-K (the K highest-ranked, ties by lowest index, listed in
-ascending index order, ``-1`` pads) of the logits over each row's valid prefix, bit for bit: the tiers differ only in the hints
-flashrt-kernels' top-K receives (``flashrt_kernels.topk.hints``), each consumer being exact
-whatever the hint holds:
-- ``none``: ``topk.topk`` with no hint (radix select);
-- ``rungs``: ``hints.topk_hinted`` with the previous step's indices (guess, verify, refine);
+ascending index order, ``-1`` pads) of the logits over each row's valid prefix, bit for bit: the
+tiers differ only in the hints flashrt-kernels' top-K receives, each consumer being exact whatever
+the hint holds:
+- ``none``: ``topk.topk`` with no hint;
+- ``rungs``: ``topk.topk(hint=...)`` with the previous step's indices (guess, verify, refine);
+  through ``topk.topk`` so that ``backend="auto"`` runs the same backend as ``none`` (the CUDA
+  select where CuPy runs: its hinted counting pass replaces the bound pass of long rows);
 - ``counts``: ``hints.topk_seeded`` with the three emitted lines and their exact counts
-  (``SeedLines``) plus the emitted block maxima;
+  (``SeedLines``) plus the emitted block maxima (a Triton-only consumer);
 - ``list``: ``hints.topk_from_list`` over the emitted candidate list: the three segments form one
   list whose unfilled slots are ``-1`` pads; ``claimed`` counts real entries only and the list is
   void when any segment overflowed (then it is not complete above its smallest entry).
 ``backend="reference"`` (and a missing flashrt-kernels top-K) runs ``reference.topk``.
+
+Why ``rungs`` is not ``hints.topk_hinted``: that consumer always runs the Triton select, while
+``topk.topk``'s ``auto`` is the CUDA select, so a routed step paid the Triton select's time (47 us
+at B=1, N=8192, K=512 against 12.6 us: docs/kernels/topk.md) and lost to the hint-free path.
 """
 
 from __future__ import annotations
@@ -65,8 +71,6 @@ def select(
         from flashrt_kernels.topk import hints
 
         outs = dict(lengths=lengths, out_values=out_values, out_indices=out_indices)
-        if tier == "rungs" and prev_indices is not None:
-            return hints.topk_hinted(scores, k, prev_indices.contiguous(), **outs)
         if tier == "counts" and emissions is not None:
             seeds = hints.SeedLines(emissions.lines, emissions.counts)
             return hints.topk_seeded(scores, k, seeds, block_maxima=emissions.block_max, **outs)
