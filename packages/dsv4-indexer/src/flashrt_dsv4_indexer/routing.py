@@ -11,9 +11,9 @@ and at the batch size:
   ``batch <= list_max_batch``): the list lets the top-K rank a small set;
 - ``counts`` (seed-count emission) where ``batch * n >= counts_min_work`` (None: never);
 - ``rungs`` (previous-step indices only, no emission) otherwise.
-The ``list`` and ``counts`` tiers are off by default: both consumers run flashrt-kernels' Triton
-select, slower than its CUDA select with the previous indices (``rungs``), and both emissions cost
-logits time (measured in docs/dsv4-indexer.md).
+The ``list`` and ``counts`` tiers are off by default: measured on the H200 (docs/dsv4-indexer.md),
+their consumers (flashrt-kernels' Triton select) were no faster than the hint-free top-K while
+their emissions cost logits time (counts: +32-42%).
 The CUDA-graph path fixes one plan per (batch, length bucket): ``bucket_length`` rounds the live
 maximum up to a power of two, and the plan is computed from the bucket.
 """

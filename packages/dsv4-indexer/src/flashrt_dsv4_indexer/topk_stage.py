@@ -16,8 +16,9 @@ the hint holds:
 ``backend="reference"`` (and a missing flashrt-kernels top-K) runs ``reference.topk``.
 
 Why ``rungs`` is not ``hints.topk_hinted``: that consumer always runs the Triton select, while
-``topk.topk``'s ``auto`` is the CUDA select, so a routed step paid the Triton select's time (47 us
-at B=1, N=8192, K=512 against 12.6 us: docs/kernels/topk.md) and lost to the hint-free path.
+``topk.topk``'s ``auto`` prefers the CUDA select (per flashrt-kernels' benchmark 12.6 us against the
+Triton select's 47 us at B=1, N=8192, K=512), so routing through it could make a routed step slower
+than the hint-free one. (In the H200 run of docs/dsv4-indexer.md both cost ~125 us there: see it.)
 """
 
 from __future__ import annotations
