@@ -19,6 +19,7 @@ _NAMES = (
     "gqa_attention.batch_invariant",
     "packed_prefill_attention.matches_reference_and_rows_alone",
     "segmented_attention.matches_reference_and_independent",
+    "rope_append.matches_reference",
 )
 for _name in _NAMES:
     _short = _name.replace(".", "_")
@@ -210,3 +211,28 @@ def test_cuda_graph_replay_is_exact():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_rope_append_bad_inputs():
+    from flashrt_kernels.attention import rope_append
+
+    q, kv = torch.zeros(3, 4 * 8, dtype=BF16), torch.zeros(3, 2 * 8, dtype=BF16)
+    cs = torch.zeros(3, 8, dtype=BF16)
+    cache = torch.zeros(2, 5, 2, 8, dtype=BF16)
+    idx = torch.zeros(3, dtype=torch.int64)
+    q_out = torch.zeros(3, 4, 8, dtype=BF16)
+    args = (q, kv, kv, cs, cs, cache, cache.clone(), idx, idx, q_out, idx)
+    rope_append(*args)  # valid
+    with pytest.raises(ValueError, match="q_heads"):
+        rope_append(q[:, :30], *args[1:])
+    with pytest.raises(TypeError, match="dtype"):
+        rope_append(*args[:3], cs.float(), *args[4:])
+    with pytest.raises(ValueError, match="q_out must be"):
+        rope_append(*args[:9], torch.zeros(3, 2, 8, dtype=BF16), idx)
+    with pytest.raises(ValueError, match="biases"):
+        rope_append(*args, biases=(torch.zeros(32, dtype=BF16),))
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        c7 = torch.zeros(2, 5, 2, 7, dtype=BF16)
+        rope_append(torch.zeros(3, 28, dtype=BF16), torch.zeros(3, 14, dtype=BF16),
+                    torch.zeros(3, 14, dtype=BF16), cs[:, :7], cs[:, :7], c7, c7.clone(), idx,
+                    idx, torch.zeros(3, 4, 7, dtype=BF16), idx)  # fmt: skip

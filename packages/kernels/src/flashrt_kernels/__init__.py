@@ -21,7 +21,7 @@ _OPS = {
     "rms_norm": "flashrt_kernels.norm",
     **dict.fromkeys(
         ("gqa_attention", "packed_prefill_attention", "segmented_attention", "KVPool",
-         "workspace_numel", "pack_tree_mask"),
+         "workspace_numel", "pack_tree_mask", "rope_append"),
         "flashrt_kernels.attention",
     ),
     "topk": "flashrt_kernels.topk",
@@ -32,7 +32,8 @@ _OPS = {
     ),
     **dict.fromkeys(
         ("quantize_rows", "rms_norm_quantize", "silu_mul", "silu_mul_quantize",
-         "layer_norm_quantize", "rotate_quantize_rows", "quantize_rows_nvfp4"),
+         "layer_norm_quantize", "rotate_quantize_rows", "quantize_rows_nvfp4",
+         "rms_norm_quantize_nvfp4"),
         "flashrt_kernels.quant",
     ),
 }  # fmt: skip

@@ -5,6 +5,7 @@ from flashrt_kernels.attention.decode import gqa_attention, workspace_numel
 from flashrt_kernels.attention.kv_pool import KVPool
 from flashrt_kernels.attention.prefill import packed_prefill_attention
 from flashrt_kernels.attention.reference import pack_tree_mask
+from flashrt_kernels.attention.rope_append import rope_append
 from flashrt_kernels.attention.segmented import segmented_attention
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "gqa_attention",
     "pack_tree_mask",
     "packed_prefill_attention",
+    "rope_append",
     "segmented_attention",
     "workspace_numel",
 ]

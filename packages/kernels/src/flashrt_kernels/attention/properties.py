@@ -325,5 +325,6 @@ register_property(Property("segmented_attention", "matches_reference_and_indepen
                            _segmented_cases, _check_segmented, _segmented_examples))  # fmt: skip
 
 
-# the query-invariant mode's chain-vs-tree property lives beside (registered on import)
-from flashrt_kernels.attention import properties_invariant  # noqa: E402, F401
+# the query-invariant mode's chain-vs-tree property and rope_append's live beside (registered
+# on import)
+from flashrt_kernels.attention import properties_invariant, properties_rope  # noqa: E402, F401

@@ -204,3 +204,28 @@ def segmented_attention(
         visible = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device)
         out[a:b] = _attend(qs, ks, vs, visible, scale).transpose(0, 1).to(q.dtype)
     return out
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_append(q, k, v, cos, sin, k_cache, v_cache, rows, slots, q_out, q_index, biases=None):
+    """Specification of ``rope_append`` (in the tensors' dtype, torch's roundings): with
+    ``biases`` each of q, k, v gets its bias added first; q and k [T, heads * D] are rotated,
+    ``x * cos + rotate_half(x) * sin`` per head; the rotated q of token t goes to
+    ``q_out[q_index[t]]``, its k and v to ``k_cache / v_cache[rows[t], slots[t]]``."""
+    t, d = cos.shape
+    if biases is not None:
+        q, k, v = (x + b for x, b in zip((q, k, v), biases, strict=True))
+    c, s = cos[:, None], sin[:, None]
+
+    def rotate(x):
+        x = x.reshape(t, x.shape[1] // d, d)
+        return x * c + rotate_half(x) * s
+
+    rows, slots = rows.long(), slots.long()
+    q_out[q_index.long()] = rotate(q)
+    k_cache[rows, slots] = rotate(k)
+    v_cache[rows, slots] = v.reshape(t, v.shape[1] // d, d)
