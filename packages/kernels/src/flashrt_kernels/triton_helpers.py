@@ -8,14 +8,17 @@ import triton.language as tl
 def cast_rne(x, dtype: tl.constexpr):
     """Cast fp32 ``x`` to ``dtype`` with round-to-nearest-even.
 
-    For bfloat16 the rounding is done on the integer bits, then the (now exact) value is cast:
-    the GPU's own conversion rounds the same way, but Triton's CPU interpreter truncates, and the
-    kernels must give the same bits in both places.
+    For bfloat16 the rounding is done on the integer bits and the top half is the result: the
+    GPU's own conversion rounds the same way, but Triton's CPU interpreter truncates (and flushes
+    subnormals), and the kernels must give the same bits in both places. NaN gives the quiet NaN 0x7FC0 (as torch).
     """
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+        # A NaN must stay a NaN: the GPU's canonical NaN (0x7FFFFFFF) would carry into the sign
+        # bit above and come out as -0.0.
+        bits = tl.where(x != x, 0x7FC00000, bits)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(dtype)
 

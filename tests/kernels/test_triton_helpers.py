@@ -1,0 +1,62 @@
+"""The shared Triton conversions against torch's: ``cast_rne`` (fp32 -> bf16 / fp16, round to
+nearest even, NaN stays NaN) and ``to_f32`` (exact upcast), over the special bit patterns that the
+hardware and the interpreter treat differently (the GPU's canonical NaN 0x7FFFFFFF, negative and
+signalling NaNs, ties, the largest finite values, subnormals)."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flashrt_kernels.testing import assert_exact, test_device
+from flashrt_kernels.triton_helpers import cast_rne, to_f32
+
+SPECIAL_BITS = [
+    0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF,  # NaNs
+    0x7F800000, 0xFF800000, 0x00000000, 0x80000000,  # infinities and zeros
+    0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0xFF7FFFFF,  # largest finite: round up to inf or not
+    0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF,  # ties to even, just above / below
+    0x00000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x80400000,  # subnormals
+]  # fmt: skip
+
+
+@triton.jit
+def _roundtrip_kernel(X, LOW, BACK, N, BLOCK: tl.constexpr, DTYPE: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(X + i, mask=i < N)
+    low = cast_rne(x, DTYPE)
+    tl.store(LOW + i, low, mask=i < N)
+    tl.store(BACK + i, to_f32(low), mask=i < N)
+
+
+def _inputs(device):
+    g = torch.Generator().manual_seed(0)
+    rand_bits = torch.randint(-(2**31), 2**31, (4096,), generator=g, dtype=torch.int64)
+    special = torch.tensor(SPECIAL_BITS, dtype=torch.int64)
+    bits = torch.cat([special, rand_bits]).to(torch.int64)
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    return bits.view(torch.float32).to(device)
+
+
+def _check(dtype):
+    x = _inputs(test_device())
+    low = torch.empty(x.shape, dtype=dtype, device=x.device)
+    back = torch.empty_like(x)
+    n = x.numel()
+    _roundtrip_kernel[(1,)](x, low, back, n, BLOCK=triton.next_power_of_2(n),
+                            DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else tl.float16)  # fmt: skip
+    want = x.cpu().to(dtype)
+    assert_exact(low.cpu(), want, what=f"cast_rne -> {dtype}")
+    assert bool((torch.isnan(low.cpu()) == torch.isnan(x.cpu())).all()), "a NaN changed class"
+    assert_exact(back.cpu(), want.float(), what=f"to_f32 <- {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_conversions_match_torch(dtype):
+    _check(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_conversions_match_torch_gpu(dtype):
+    _check(dtype)
