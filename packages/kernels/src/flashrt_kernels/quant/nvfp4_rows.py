@@ -23,10 +23,9 @@ import triton.language as tl
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_out, check_tensor
 from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
-from flashrt_kernels.norm.rms_norm import load_segment as norm_load_segment
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import e2m1_code, fp32_to_e4m3_bits
-from flashrt_kernels.quant.rows import _normed_segment, check_norm_inputs
+from flashrt_kernels.quant.rows import check_norm_inputs, normed_rows
 from flashrt_kernels.triton_helpers import to_f32
 
 OP = "quantize_rows_nvfp4"
@@ -86,30 +85,12 @@ def _rms_norm_nvfp4_kernel(
     HAS_RESIDUAL: tl.constexpr, NATIVE: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    # Up to the row absmax this is rows._rms_norm_quantize_kernel (norm.rms_norm's segments,
-    # helpers and launch shape); segment B starts at a power of two >= 16, so no 16-block
-    # straddles the segments.
+    # The RMSNorm is norm.rms_norm's (quant.rows.normed_rows, its launch shape); segment B starts
+    # at a power of two >= 16, so no 16-block straddles the segments.
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     row_ok = rows < n_rows
-    cols_a = tl.arange(0, BLOCK_A)
-    ok_a = cols_a < BLOCK_A
-    xa = norm_load_segment(X, R, RO, rows, row_ok, cols_a, ok_a, stride_x, stride_r, stride_ro,
-                           HAS_RESIDUAL)  # fmt: skip
-    sum_sq = tl.sum(xa * xa, axis=1)
-    if BLOCK_B > 0:
-        cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
-        ok_b = cols_b < n_cols
-        xb = norm_load_segment(X, R, RO, rows, row_ok, cols_b, ok_b, stride_x, stride_r,
-                               stride_ro, HAS_RESIDUAL)  # fmt: skip
-        sum_sq += tl.sum(xb * xb, axis=1)
-    inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
-    dt = X.dtype.element_ty
-    ya = tl.where(row_ok[:, None], _normed_segment(W, xa, inv, cols_a, ok_a, dt), 0.0)
-    amax = tl.max(tl.abs(ya), axis=1)
-    if BLOCK_B > 0:
-        mask_b = row_ok[:, None] & ok_b[None, :]
-        yb = tl.where(mask_b, _normed_segment(W, xb, inv, cols_b, ok_b, dt), 0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(yb), axis=1))
+    ya, yb, amax, _, _ = normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x, stride_r,
+                                     stride_ro, eps, HAS_RESIDUAL, BLOCK_A, BLOCK_B)  # fmt: skip
     g = _row_scale(amax)
     _nvfp4_tile(Q, SF, rows, row_ok, 0, ya, g, n_cols, stride_q, stride_sf, NATIVE, ROWS, BLOCK_A)
     if BLOCK_B > 0:

@@ -60,20 +60,18 @@ def _normed_segment(W, xf, inv, cols, col_ok, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_quantize_kernel(
-    X, W, R, RO, Q, S, n_rows, n_cols, stride_x, stride_r, stride_ro, stride_q, eps,
-    HAS_RESIDUAL: tl.constexpr, FP8: tl.constexpr, NATIVE: tl.constexpr,
-    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, ROWS: tl.constexpr,
-):  # fmt: skip
-    # The RMSNorm follows norm.rms_norm's kernel (two column segments, its helpers, its launch
-    # shape) so the normalized rows are its bits; then both segments are quantized together.
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    row_ok = rows < n_rows
+def normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x, stride_r, stride_ro, eps,
+                HAS_RESIDUAL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
+    """norm.rms_norm's output for ``rows`` (its two column segments, helpers and arithmetic, so
+    the bits are its output's), as fp32 values: ``(ya, yb, amax, cols_b, ok_b)`` with ``ya`` the
+    columns [0, BLOCK_A) and ``yb`` [BLOCK_A, BLOCK_A + BLOCK_B) (``ya`` again when BLOCK_B is 0),
+    both zero outside the live rows and columns, and ``amax`` each row's absolute maximum."""
     cols_a = tl.arange(0, BLOCK_A)
     ok_a = cols_a < BLOCK_A
     xa = norm_load_segment(X, R, RO, rows, row_ok, cols_a, ok_a, stride_x, stride_r, stride_ro,
                            HAS_RESIDUAL)  # fmt: skip
     sum_sq = tl.sum(xa * xa, axis=1)
+    cols_b, ok_b, xb = cols_a, ok_a, xa
     if BLOCK_B > 0:
         cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
         ok_b = cols_b < n_cols
@@ -82,18 +80,37 @@ def _rms_norm_quantize_kernel(
         sum_sq += tl.sum(xb * xb, axis=1)
     inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
     dt = X.dtype.element_ty
-    ya = _normed_segment(W, xa, inv, cols_a, ok_a, dt)
-    mask_a = row_ok[:, None] & ok_a[None, :]
-    amax = tl.max(tl.where(mask_a, tl.abs(ya), 0.0), axis=1)
+    ya = tl.where(row_ok[:, None], _normed_segment(W, xa, inv, cols_a, ok_a, dt), 0.0)
+    amax = tl.max(tl.abs(ya), axis=1)
+    yb = ya
     if BLOCK_B > 0:
-        yb = _normed_segment(W, xb, inv, cols_b, ok_b, dt)
         mask_b = row_ok[:, None] & ok_b[None, :]
-        amax = tl.maximum(amax, tl.max(tl.where(mask_b, tl.abs(yb), 0.0), axis=1))
+        yb = tl.where(mask_b, _normed_segment(W, xb, inv, cols_b, ok_b, dt), 0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(yb), axis=1))
+    return ya, yb, amax, cols_b, ok_b
+
+
+@triton.jit
+def _rms_norm_quantize_kernel(
+    X, W, R, RO, Q, S, n_rows, n_cols, stride_x, stride_r, stride_ro, stride_q, eps,
+    HAS_RESIDUAL: tl.constexpr, FP8: tl.constexpr, NATIVE: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    # The RMSNorm is norm.rms_norm's (normed_rows, its launch shape); then both column segments
+    # are quantized together.
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    row_ok = rows < n_rows
+    ya, yb, amax, cols_b, ok_b = normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x,
+                                             stride_r, stride_ro, eps, HAS_RESIDUAL, BLOCK_A,
+                                             BLOCK_B)  # fmt: skip
+    cols_a = tl.arange(0, BLOCK_A)
     qa, scale = quantize_tile_amax(ya, amax, FP8, NATIVE)
+    mask_a = row_ok[:, None] & (cols_a < BLOCK_A)[None, :]
     tl.store(Q + rows[:, None] * stride_q + cols_a[None, :], qa, mask=mask_a)
     if BLOCK_B > 0:
         qb, scale = quantize_tile_amax(yb, amax, FP8, NATIVE)
-        tl.store(Q + rows[:, None] * stride_q + cols_b[None, :], qb, mask=mask_b)
+        tl.store(Q + rows[:, None] * stride_q + cols_b[None, :], qb,
+                 mask=row_ok[:, None] & ok_b[None, :])  # fmt: skip
     tl.store(S + rows, scale, mask=row_ok)
 
 
