@@ -1,7 +1,8 @@
-"""The shared Triton conversions against torch's: ``cast_rne`` (fp32 -> bf16 / fp16, round to
-nearest even, NaN stays NaN) and ``to_f32`` (exact upcast), over the special bit patterns that the
-hardware and the interpreter treat differently (the GPU's canonical NaN 0x7FFFFFFF, negative and
-signalling NaNs, ties, the largest finite values, subnormals)."""
+"""The shared Triton helpers over the special bit patterns that the hardware and the
+interpreter treat differently (the GPU's canonical NaN 0x7FFFFFFF, negative and signalling NaNs,
+zeros, ties, the largest finite values, subnormals): ``negate_f32`` flips the sign bit of every
+value, zeros and NaNs too; ``cast_rne`` (fp32 -> bf16 / fp16, round to nearest even, NaN stays
+NaN) and ``to_f32`` (exact upcast) give torch's conversions."""
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import triton
 import triton.language as tl
 
 from flashrt_kernels.testing import assert_exact, test_device
-from flashrt_kernels.triton_helpers import cast_rne, to_f32
+from flashrt_kernels.triton_helpers import cast_rne, negate_f32, to_f32
 
 SPECIAL_BITS = [
     0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF,  # NaNs
@@ -21,9 +22,10 @@ SPECIAL_BITS = [
 
 
 @triton.jit
-def _roundtrip_kernel(X, LOW, BACK, N, BLOCK: tl.constexpr, DTYPE: tl.constexpr):
+def _roundtrip_kernel(X, LOW, BACK, NEG, N, BLOCK: tl.constexpr, DTYPE: tl.constexpr):
     i = tl.arange(0, BLOCK)
     x = tl.load(X + i, mask=i < N)
+    tl.store(NEG + i, negate_f32(x), mask=i < N)
     low = cast_rne(x, DTYPE)
     tl.store(LOW + i, low, mask=i < N)
     tl.store(BACK + i, to_f32(low), mask=i < N)
@@ -41,14 +43,16 @@ def _inputs(device):
 def _check(dtype):
     x = _inputs(test_device())
     low = torch.empty(x.shape, dtype=dtype, device=x.device)
-    back = torch.empty_like(x)
+    back, neg = torch.empty_like(x), torch.empty_like(x)
     n = x.numel()
-    _roundtrip_kernel[(1,)](x, low, back, n, BLOCK=triton.next_power_of_2(n),
+    _roundtrip_kernel[(1,)](x, low, back, neg, n, BLOCK=triton.next_power_of_2(n),
                             DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else tl.float16)  # fmt: skip
     want = x.cpu().to(dtype)
     assert_exact(low.cpu(), want, what=f"cast_rne -> {dtype}")
     assert bool((torch.isnan(low.cpu()) == torch.isnan(x.cpu())).all()), "a NaN changed class"
     assert_exact(back.cpu(), want.float(), what=f"to_f32 <- {dtype}")
+    flipped = x.cpu().view(torch.int32) ^ torch.tensor(-(2**31), dtype=torch.int32)
+    assert torch.equal(neg.cpu().view(torch.int32), flipped), "negate_f32 must flip the sign bit"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -32,3 +32,10 @@ def to_f32(x):
         return bits.to(tl.float32, bitcast=True)
     else:
         return x.to(tl.float32)
+
+
+@triton.jit
+def negate_f32(x):
+    """-x for fp32 ``x`` by flipping the sign bit: ``-(+0.0)`` is ``-0.0`` (Triton's unary minus
+    has lowered to ``0 - x`` on some versions, which gives ``+0.0``)."""
+    return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)

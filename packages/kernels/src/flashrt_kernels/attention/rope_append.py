@@ -23,7 +23,7 @@ import triton.language as tl
 from flashrt_kernels.attention import reference
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import check_tensor
-from flashrt_kernels.triton_helpers import cast_rne, to_f32
+from flashrt_kernels.triton_helpers import cast_rne, negate_f32, to_f32
 
 OP = "rope_append"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -51,7 +51,7 @@ def _rotate_heads(X, B, OUT, cos, sin, d, d_rot, first_half, d_ok,
     if HAS_BIAS:
         x = _round(x + to_f32(tl.load(B + offs, mask=mask, other=0.0)), dtype)
         xr = _round(xr + to_f32(tl.load(B + offs_rot, mask=mask, other=0.0)), dtype)
-    xr = tl.where(first_half[None, :], -xr, xr)
+    xr = tl.where(first_half[None, :], negate_f32(xr), xr)
     a = _round(x * cos[None, :], dtype)
     b = _round(xr * sin[None, :], dtype)
     tl.store(OUT + offs, cast_rne(a + b, dtype), mask=mask)
