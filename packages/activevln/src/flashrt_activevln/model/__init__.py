@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashrt_activevln.config import ModelConfig
-from flashrt_activevln.model.ops import Ops
+from flashrt_activevln.model.ops import FEW_QUERIES, Ops
 from flashrt_activevln.model.positions import mrope_positions
 from flashrt_activevln.model.text import KVPool, decoder_forward, fuse_projections
 from flashrt_activevln.model.vision import VisionPlan, pad_mlp, vision_forward
@@ -65,8 +65,12 @@ class Qwen25VL:
         )  # fmt: skip
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head over the few rows that are verified (batch-invariant with that option)."""
-        return self.ops.text_linear(hidden, self.w["lm_head.weight"], None, few_queries=True)
+        """LM head over the verified rows. Up to ``FEW_QUERIES`` rows it is a few-row step
+        (batch-invariant with ``decode_linear``); more rows (a batch of trees) read the vocabulary
+        once through the prefill linear instead (batch-invariant with ``prefill_linear``): the
+        few-row kernel re-reads the 151936 x 2048 weight for every 64 rows."""
+        few = hidden.shape[0] <= FEW_QUERIES
+        return self.ops.text_linear(hidden, self.w["lm_head.weight"], None, few_queries=few)
 
     def full_logits(
         self, ids: list[int], pixel_values: torch.Tensor | None, grids: list[tuple[int, int, int]]

@@ -115,6 +115,48 @@ class Ops:
             return flashrt_kernels.rms_norm(x.contiguous(), w, eps)
         return rms_norm_reference(x, w, eps)
 
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """(norm(x + delta), x + delta); ``delta`` None: (norm(x), x). With ``rms_norm="kernel"``
+        the add is the norm kernel's residual input (one launch; the sum rounded to the dtype
+        as torch rounds ``x + delta``, so both outputs equal the two separate steps')."""
+        if delta is None:
+            return self.norm(x, w, eps), x
+        if self.rms_norm == "kernel" and x.dtype in KERNEL_DTYPES and x.is_cuda:
+            import flashrt_kernels
+
+            return flashrt_kernels.rms_norm(delta.contiguous(), w, eps, residual=x.contiguous())
+        x = x + delta
+        return self.norm(x, w, eps), x
+
+    def appends_rotary(self, x: torch.Tensor) -> bool:
+        """Whether a packed step's bias add, rotary embedding and K/V append go through
+        flashrt_kernels.rope_append (with the pool attention kernels, in bf16 / fp16 / fp32):
+        ``exact``, the same bits as the torch composition it replaces."""
+        return self.attention != "reference" and x.dtype in KERNEL_DTYPES
+
+    @staticmethod
+    def rope_append(q, k, v, cos, sin, k_layer, v_layer, rows, slots, q_out, q_index, biases):
+        from flashrt_kernels.attention import rope_append
+
+        rope_append(q, k, v, cos, sin, k_layer, v_layer, rows, slots, q_out, q_index,
+                    biases=biases)  # fmt: skip
+
+    def qkv_unbiased(self, x: torch.Tensor, w_qkv: torch.Tensor, sizes, few_queries: bool):
+        """q, k, v [T, n] (column views of one output) before their biases: the fused
+        batch-invariant launch where ``text_linear`` would use that kernel, else one torch
+        linear over the row-concatenated weight."""
+        if self.fuses(x, few_queries):
+            from flashrt_kernels.gemm import linear_qkv
+
+            return linear_qkv(x.contiguous(), w_qkv, sizes)
+        return F.linear(x, w_qkv).split(list(sizes), dim=-1)
+
+    def gate_up_then_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
+        """One torch linear over the gate|up weight, then SiLU(gate) * up."""
+        gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+        return self.swiglu(gate, up)
+
     def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale, q_lens=None,
                     chain_lens=None):  # fmt: skip
         """q [B, H, Q, D] over one pool layer [rows, capacity, Hkv, D] -> [B, Q, H, D].

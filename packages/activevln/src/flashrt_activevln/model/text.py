@@ -144,43 +144,65 @@ def decoder_forward(
         sin = sin.reshape(b * q, hd)[live_index][None]
         rows, slots = live_index // q, slots.reshape(-1)[live_index]
     t = x.shape[1]
+    eps = cfg.rms_norm_eps
+    # the kernels' int32 lengths, converted once per forward rather than in every layer
+    att_lens = lengths.to(torch.int32)
+    att_q = None if q_lens is None else q_lens.to(torch.int32)
+    rope_kernel = live is not None and ops.appends_rotary(x) and "model.layers.0." + QKV in w
+    if rope_kernel:
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+    delta = None  # the last residual branch's output, added to x by the next norm
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        h = ops.norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        h, x = ops.add_norm(x, delta, w[p + "input_layernorm.weight"], eps)
         fused = ops.fuses(h, few) and p + QKV in w
-        if fused:
-            sizes = (nh * hd, nkv * hd, nkv * hd)
-            biases = [w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]
-            qs, ks, vs = ops.qkv(h, w[p + QKV], sizes, biases)
-        else:
-            qs = lin(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"], few)
-            ks = lin(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"], few)
-            vs = lin(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"], few)
-        qs = apply_text_rope(qs.view(-1, t, nh, hd).transpose(1, 2), cos, sin)
-        ks = apply_text_rope(ks.view(-1, t, nkv, hd).transpose(1, 2), cos, sin)
-        vs = vs.view(-1, t, nkv, hd)
-        if live is None:
-            pool.write(i, slots, ks.transpose(1, 2), vs)
-            a = ops.attend_pool(qs, pool.k[i], pool.v[i], lengths, new_visible, extent, hd**-0.5)
-        else:
-            pool.k[i][rows, slots] = ks.transpose(1, 2)[0]
-            pool.v[i][rows, slots] = vs[0]
-            qp = qs.new_zeros(b * q, nh, hd).index_copy_(0, live_index, qs.transpose(1, 2)[0])
+        if rope_kernel:
+            biases = tuple(w[p + f"self_attn.{n}_proj.bias"] for n in "qkv")
+            qs, ks, vs = ops.qkv_unbiased(h[0], w[p + QKV], (nh * hd, nkv * hd, nkv * hd), few)
+            qp = qs.new_zeros(b * q, nh, hd)  # padded query slots stay zero (never attended)
+            ops.rope_append(qs, ks, vs, cos, sin, pool.k[i], pool.v[i], rows, slots, qp,
+                            live_index, biases)  # fmt: skip
             a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
-                                lengths, new_visible, extent, hd**-0.5, q_lens,
+                                att_lens, new_visible, extent, hd**-0.5, att_q,
                                 chain_lens)  # fmt: skip
             a = a.reshape(b * q, nh, hd)[live_index][None]
+        else:
+            if fused:
+                sizes = (nh * hd, nkv * hd, nkv * hd)
+                biases = [w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]
+                qs, ks, vs = ops.qkv(h, w[p + QKV], sizes, biases)
+            else:
+                qs = lin(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"], few)
+                ks = lin(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"], few)
+                vs = lin(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"], few)
+            qs = apply_text_rope(qs.view(-1, t, nh, hd).transpose(1, 2), cos, sin)
+            ks = apply_text_rope(ks.view(-1, t, nkv, hd).transpose(1, 2), cos, sin)
+            vs = vs.view(-1, t, nkv, hd)
+            if live is None:
+                pool.write(i, slots, ks.transpose(1, 2), vs)
+                a = ops.attend_pool(qs, pool.k[i], pool.v[i], att_lens, new_visible, extent,
+                                    hd**-0.5)  # fmt: skip
+            else:
+                pool.k[i][rows, slots] = ks.transpose(1, 2)[0]
+                pool.v[i][rows, slots] = vs[0]
+                qp = qs.new_zeros(b * q, nh, hd).index_copy_(0, live_index, qs.transpose(1, 2)[0])
+                a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
+                                    att_lens, new_visible, extent, hd**-0.5, att_q,
+                                    chain_lens)  # fmt: skip
+                a = a.reshape(b * q, nh, hd)[live_index][None]
         a = a.reshape(-1, t, nh * hd)
-        x = x + lin(a, w[p + "self_attn.o_proj.weight"], None, few)
-        h = ops.norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        delta = lin(a, w[p + "self_attn.o_proj.weight"], None, few)
+        h, x = ops.add_norm(x, delta, w[p + "post_attention_layernorm.weight"], eps)
         if fused:
             m = ops.gate_up_swiglu(h, w[p + GATE_UP])
+        elif p + GATE_UP in w:
+            m = ops.gate_up_then_swiglu(h, w[p + GATE_UP])
         else:
             g = lin(h, w[p + "mlp.gate_proj.weight"], None, few)
             u = lin(h, w[p + "mlp.up_proj.weight"], None, few)
             m = ops.swiglu(g, u)
-        x = x + lin(m, w[p + "mlp.down_proj.weight"], None, few)
-    x = ops.norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+        delta = lin(m, w[p + "mlp.down_proj.weight"], None, few)
+    x, _ = ops.add_norm(x, delta, w["model.norm.weight"], eps)
     if live is None:
         return x
     return x.new_zeros(b * q, x.shape[-1]).index_copy_(0, live_index, x[0]).view(b, q, -1)
