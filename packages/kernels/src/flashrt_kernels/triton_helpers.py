@@ -39,3 +39,18 @@ def negate_f32(x):
     """-x for fp32 ``x`` by flipping the sign bit: ``-(+0.0)`` is ``-0.0`` (Triton's unary minus
     has lowered to ``0 - x`` on some versions, which gives ``+0.0``)."""
     return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pairwise_row_sum(x):
+    """Sum over axis 1 of a [ROWS, BLOCK] fp32 tile (BLOCK a power of two, at most 2**17) as a
+    pairwise tree: adjacent pairs, then pairs of pairs. Every level adds exactly two operands, so
+    the result's bits depend only on the values, never on the register layout the compiler picks
+    for the tile (``tl.sum``'s order does: two kernels that load the same row with different
+    vector widths -- say one storing bf16 and one int8 -- can round the same sum differently).
+    Launch with ``enable_fp_fusion=False`` where ``x`` is a product that is not exact in fp32: the
+    compiler may otherwise fuse it into a first-level add as an FMA, in a layout-dependent way."""
+    for _ in tl.static_range(17):
+        if x.shape[1] > 1:
+            x = tl.sum(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]), axis=2)
+    return tl.reshape(x, [x.shape[0]])

@@ -21,7 +21,7 @@ import triton.language as tl
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import check_float, check_out, check_tensor
 from flashrt_kernels.norm import reference
-from flashrt_kernels.triton_helpers import cast_rne, to_f32
+from flashrt_kernels.triton_helpers import cast_rne, pairwise_row_sum, to_f32
 
 OP = "rms_norm"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -76,14 +76,14 @@ def _rms_norm_kernel(
     xa = load_segment(
         X, R, RO, rows, row_ok, cols_a, ok_a, stride_x, stride_r, stride_ro, HAS_RESIDUAL
     )
-    sum_sq = tl.sum(xa * xa, axis=1)
+    sum_sq = pairwise_row_sum(xa * xa)
     if BLOCK_B > 0:
         cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
         ok_b = cols_b < n_cols
         xb = load_segment(
             X, R, RO, rows, row_ok, cols_b, ok_b, stride_x, stride_r, stride_ro, HAS_RESIDUAL
         )
-        sum_sq += tl.sum(xb * xb, axis=1)
+        sum_sq += pairwise_row_sum(xb * xb)
     inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
     store_segment(Y, W, xa, inv, rows, row_ok, cols_a, ok_a, stride_y)
     if BLOCK_B > 0:
@@ -124,6 +124,7 @@ def _launch_triton(x2, weight, eps, r2, y2, ro2, config=None) -> None:
         x2.stride(0), r2.stride(0) if has_res else 0, y2.stride(0), ro2.stride(0) if has_res else 0,
         eps,
         HAS_RESIDUAL=has_res, BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=num_warps,
+        enable_fp_fusion=False,
     )  # fmt: skip
 
 

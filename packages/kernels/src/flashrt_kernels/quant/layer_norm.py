@@ -20,7 +20,7 @@ from flashrt_kernels.checks import check_float, check_out, check_tensor
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import quantize_tile
 from flashrt_kernels.quant.rows import _alloc_or_check, _check_rows, _codes_view, _row_config
-from flashrt_kernels.triton_helpers import cast_rne, to_f32
+from flashrt_kernels.triton_helpers import cast_rne, pairwise_row_sum, to_f32
 
 IMPLEMENTED = ("triton", "reference")
 
@@ -36,9 +36,9 @@ def _layer_norm_kernel(
     col_ok = cols < n_cols
     mask = (rows < n_rows)[:, None] & col_ok[None, :]
     x = to_f32(tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0))
-    mean = tl.sum(x, axis=1) / n_cols
+    mean = pairwise_row_sum(x) / n_cols
     d = tl.where(mask, x - mean[:, None], 0.0)
-    var = tl.sum(d * d, axis=1) / n_cols
+    var = pairwise_row_sum(d * d) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)
     w = to_f32(tl.load(W + cols, mask=col_ok, other=0.0))
     b = to_f32(tl.load(B + cols, mask=col_ok, other=0.0))

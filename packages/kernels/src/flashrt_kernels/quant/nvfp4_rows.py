@@ -142,6 +142,7 @@ def quantize_rows_nvfp4(x: torch.Tensor, *, out=None, backend: str = "auto"):
         _nvfp4_rows_kernel[(m,)](
             x, q, sf.view(torch.uint8), alpha, k, x.stride(0), q.stride(0), sf.stride(0),
             NATIVE=_native(dev), BLOCK=block, num_warps=4 if block <= 2048 else 8,
+            enable_fp_fusion=False,
         )  # fmt: skip
     return q, sf, alpha
 
@@ -170,7 +171,7 @@ def rms_norm_quantize_nvfp4(x, weight, eps: float = 1e-6, *, residual=None, out=
             sf.view(torch.uint8), alpha, m, k, x.stride(0),
             residual.stride(0) if has_res else 0, residual_out.stride(0) if has_res else 0,
             q.stride(0), sf.stride(0), float(eps), HAS_RESIDUAL=has_res, NATIVE=_native(dev),
-            BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps,
+            BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps, enable_fp_fusion=False,
         )  # fmt: skip
     return (q, sf, alpha) if residual is None else (q, sf, alpha, residual_out)
 

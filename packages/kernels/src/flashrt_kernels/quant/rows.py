@@ -23,7 +23,7 @@ from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
 from flashrt_kernels.norm.rms_norm import load_segment as norm_load_segment
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import quantize_tile, quantize_tile_amax, swiglu
-from flashrt_kernels.triton_helpers import cast_rne, to_f32
+from flashrt_kernels.triton_helpers import cast_rne, pairwise_row_sum, to_f32
 
 FORMATS = ("int8", "fp8")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -70,14 +70,14 @@ def normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x, stride_r, stride_ro
     ok_a = cols_a < BLOCK_A
     xa = norm_load_segment(X, R, RO, rows, row_ok, cols_a, ok_a, stride_x, stride_r, stride_ro,
                            HAS_RESIDUAL)  # fmt: skip
-    sum_sq = tl.sum(xa * xa, axis=1)
+    sum_sq = pairwise_row_sum(xa * xa)
     cols_b, ok_b, xb = cols_a, ok_a, xa
     if BLOCK_B > 0:
         cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
         ok_b = cols_b < n_cols
         xb = norm_load_segment(X, R, RO, rows, row_ok, cols_b, ok_b, stride_x, stride_r,
                                stride_ro, HAS_RESIDUAL)  # fmt: skip
-        sum_sq += tl.sum(xb * xb, axis=1)
+        sum_sq += pairwise_row_sum(xb * xb)
     inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
     dt = X.dtype.element_ty
     ya = tl.where(row_ok[:, None], _normed_segment(W, xa, inv, cols_a, ok_a, dt), 0.0)
@@ -184,7 +184,7 @@ def quantize_rows(x: torch.Tensor, fmt: str = "int8", *, out=None, backend: str 
         _quantize_rows_kernel[(triton.cdiv(x.shape[0], rows),)](
             x, _codes_view(q), s, x.shape[0], x.shape[1], x.stride(0), q.stride(0),
             FP8=fmt == "fp8", NATIVE=_native_fp8(x.device), BLOCK_N=block_n, ROWS=rows,
-            num_warps=warps,
+            num_warps=warps, enable_fp_fusion=False,
         )  # fmt: skip
     return q, s
 
@@ -233,7 +233,7 @@ def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residu
             _codes_view(q), s, n, k, x.stride(0), residual.stride(0) if has_res else 0,
             residual_out.stride(0) if has_res else 0, q.stride(0), float(eps),
             HAS_RESIDUAL=has_res, FP8=fmt == "fp8", NATIVE=_native_fp8(x.device),
-            BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps,
+            BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps, enable_fp_fusion=False,
         )  # fmt: skip
     return (q, s) if residual is None else (q, s, residual_out)
 
@@ -248,7 +248,7 @@ def _silu_launch(gu, y, q, s, fmt, quantize):
         n, i, gu.stride(0), y.stride(0) if y is not None else 0,
         q.stride(0) if q is not None else 0,
         QUANTIZE=quantize, FP8=fmt == "fp8", NATIVE=_native_fp8(gu.device),
-        BLOCK_N=block_n, ROWS=rows, num_warps=warps,
+        BLOCK_N=block_n, ROWS=rows, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
 
 
