@@ -109,3 +109,20 @@ def test_unknown_tier_raises():
 def test_every_tier_selects_the_deterministic_top_k_gpu(b, n, k, kind, hint, tier, seed):
     check_selection(dict(b=b, n=n, k=k, kind=kind, hint=hint, tier=tier, seed=seed,
                          backend="auto"))  # fmt: skip
+
+
+def test_the_stage_finds_flashrt_kernels_topk_in_a_fresh_process():
+    """``from flashrt_kernels import topk`` once gave the lazily bound *function* (no ``.topk``),
+    so every tier silently ran the torch reference sort in any process that had not imported the
+    subpackage first (the H200 benchmark's ~125 us top-K)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import flashrt_kernels\n"
+        "from flashrt_dsv4_indexer import topk_stage\n"
+        "mod = topk_stage.kernels_topk()\n"
+        "assert mod is not None and mod.__name__ == 'flashrt_kernels.topk', mod\n"
+        "assert flashrt_kernels.topk is mod and callable(mod.topk)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

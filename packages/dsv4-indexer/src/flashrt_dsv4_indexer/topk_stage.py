@@ -24,6 +24,7 @@ than the hint-free one. (In the H200 run of docs/dsv4-indexer.md both cost ~125 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
@@ -35,11 +36,11 @@ TIERS = ("none", "rungs", "counts", "list")
 @functools.cache
 def kernels_topk():
     """flashrt-kernels' top-K module, or None where it is not installed."""
-    try:
-        from flashrt_kernels import topk as module
+    try:  # the subpackage by its full name: an attribute lookup could yield the function
+        module = importlib.import_module("flashrt_kernels.topk")
     except ImportError:
         return None
-    return module if hasattr(module, "topk") else None
+    return module if callable(getattr(module, "topk", None)) else None
 
 
 def candidate_list(em):

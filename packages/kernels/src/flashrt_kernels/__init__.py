@@ -24,7 +24,6 @@ _OPS = {
          "workspace_numel", "pack_tree_mask", "rope_append"),
         "flashrt_kernels.attention",
     ),
-    "topk": "flashrt_kernels.topk",
     **dict.fromkeys(
         ("linear", "linear_qkv", "linear_gate_up_swiglu", "w4a8_linear", "fp8_linear",
          "nvfp4_linear"),
@@ -38,7 +37,12 @@ _OPS = {
     ),
 }  # fmt: skip
 
-__all__ = ["BACKENDS", "__version__", "available_backends", "device_capability", *_OPS]
+# subpackages reachable as attributes (``flashrt_kernels.topk.topk(...)``). ``topk`` is one of them
+# and not an op name here: a lazily bound function would shadow (or be shadowed by) the subpackage
+# of the same name depending on what was imported first.
+_PACKAGES = ("attention", "gemm", "norm", "quant", "testing", "topk")
+
+__all__ = ["BACKENDS", "__version__", "available_backends", "device_capability", *_OPS, "topk"]
 
 
 def __getattr__(name: str):
@@ -46,6 +50,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_OPS[name]), name)
         globals()[name] = value
         return value
+    if name in _PACKAGES:
+        return importlib.import_module(f"flashrt_kernels.{name}")
     raise AttributeError(f"module 'flashrt_kernels' has no attribute {name!r}")
 
 
