@@ -155,7 +155,10 @@ def test_short_rows_in_a_long_engine_route_on_live_lengths():
     assert routing.plan_tier([300, 100_000]) == "rungs"  # the list tier is off by default
     with_list = routing.RoutingPolicy(list_max_batch=4)
     assert routing.plan_tier([300, 100_000], policy=with_list) == "list"
-    assert routing.plan_tier([70_000] * 64) == "rungs"  # the counts tier is off by default
+    assert routing.plan_tier([70_000] * 64) == "none"  # counts off; rungs measured slower here
+    assert routing.plan_tier([70_000] * 7) == "rungs"  # batch * n <= rungs_max_work
+    no_cap = routing.RoutingPolicy(rungs_max_work=None)
+    assert routing.plan_tier([70_000] * 64, policy=no_cap) == "rungs"
     with_counts = routing.RoutingPolicy(counts_min_work=1 << 22)
     assert routing.plan_tier([70_000] * 64, policy=with_counts) == "counts"
     assert routing.plan_tier([4096] * 8) == "none"  # the CUDA select's one-block rows take no hint

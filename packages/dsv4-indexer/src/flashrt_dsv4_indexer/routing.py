@@ -10,7 +10,12 @@ and at the batch size:
 - ``list`` (candidate-list emission) for long rows at small batch (``n >= list_min_n`` and
   ``batch <= list_max_batch``): the list lets the top-K rank a small set;
 - ``counts`` (seed-count emission) where ``batch * n >= counts_min_work`` (None: never);
-- ``rungs`` (previous-step indices only, no emission) otherwise.
+- ``rungs`` (previous-step indices only, no emission) where ``batch * n <= rungs_max_work``;
+- ``none`` otherwise: measured on the H200 (docs/dsv4-indexer.md, run 4) on decode chains whose
+  queries drift between steps, the hinted CUDA select beat the hint-free one only on small steps
+  (B = 1 at N = 128k-256k: 0.84-1.26x, B = 4 at 128k: 1.05x) and lost everywhere larger
+  (0.67-0.81x at B = 4, 256k and B >= 16: a drifted hint's guess misses and the digit passes cost
+  more than the hint-free bound).
 The ``list`` and ``counts`` tiers are off by default: measured on the H200 (docs/dsv4-indexer.md),
 their consumers (flashrt-kernels' Triton select) were no faster than the hint-free top-K while
 their emissions cost logits time (counts: +32-42%).
@@ -33,6 +38,7 @@ class RoutingPolicy:
     # too, so it lost (0.58x) on every cell it was picked; pass a policy to turn it on.
     list_max_batch: int = 0
     counts_min_work: int | None = None  # batch * n; None: the counts tier is off
+    rungs_max_work: int | None = 1 << 19  # batch * n; None: rungs wherever assisted
 
 
 DEFAULT_POLICY = RoutingPolicy()
@@ -52,6 +58,8 @@ def plan_tier(
         return "list"
     if policy.counts_min_work is not None and batch * n >= policy.counts_min_work:
         return "counts"
+    if policy.rungs_max_work is not None and batch * n > policy.rungs_max_work:
+        return "none"
     return "rungs"
 
 
