@@ -20,6 +20,7 @@ _NAMES = (
     "packed_prefill_attention.matches_reference_and_rows_alone",
     "segmented_attention.matches_reference_and_independent",
     "rope_append.matches_reference",
+    "rope_qk.matches_reference",
 )
 for _name in _NAMES:
     _short = _name.replace(".", "_")
@@ -236,3 +237,23 @@ def test_rope_append_bad_inputs():
         rope_append(torch.zeros(3, 28, dtype=BF16), torch.zeros(3, 14, dtype=BF16),
                     torch.zeros(3, 14, dtype=BF16), cs[:, :7], cs[:, :7], c7, c7.clone(), idx,
                     idx, torch.zeros(3, 4, 7, dtype=BF16), idx)  # fmt: skip
+
+
+def test_rope_qk_bad_inputs():
+    from flashrt_kernels.attention import rope_qk
+
+    q, k = torch.zeros(3, 4, 8, dtype=BF16), torch.zeros(3, 2, 8, dtype=BF16)
+    cs = torch.zeros(3, 8)
+    rope_qk(q, k, cs, cs)  # valid
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        rope_qk(q[..., :7], k[..., :7], cs[:, :7], cs[:, :7])
+    with pytest.raises(ValueError, match="k must have shape"):
+        rope_qk(q, k[:2], cs, cs)
+    with pytest.raises(TypeError, match="dtype"):
+        rope_qk(q, k.half(), cs, cs)
+    with pytest.raises(ValueError, match="cos must have shape"):
+        rope_qk(q, k, cs[:, :4], cs)
+    with pytest.raises(ValueError, match="pair"):
+        rope_qk(q, k, cs, cs, out=torch.empty_like(q))
+    with pytest.raises(ValueError, match="k_out must have shape"):
+        rope_qk(q, k, cs, cs, out=(torch.empty_like(q), torch.empty_like(q)))

@@ -8,6 +8,8 @@
 - packed prefill vs the same rows padded to the longest through SDPA (with a mask);
 - the query-invariant mode (``query_invariant=True``): q=1 and trees of 24 / 33 / 64 nodes, B in
   {1, 8}, L in {2k, 8k}, 16/2 heads, beside the default mode and SDPA in the same row.
+A separate ``rope_qk`` benchmark times the fp32 vision rotary of q and k (from one q|k|v output)
+against the torch composition it replaces.
 The floor is one read of K and V (plus q and the output for vision / prefill) over the measured
 copy bandwidth; ``floor_frac`` = floor / ours.
 """
@@ -19,9 +21,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from flashrt_kernels.attention import reference
 from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
 from flashrt_kernels.attention.invariant_kernels import launch_invariant
 from flashrt_kernels.attention.properties import random_tree_mask
+from flashrt_kernels.attention.rope_qk import rope_qk
 from flashrt_kernels.attention.segmented import launch_segmented
 from flashrt_kernels.attention.splits import workspace_numel
 from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
@@ -224,6 +228,28 @@ def _invariant_rows(quick, config=None):
 def run(quick: bool = False) -> list[dict]:
     return (_decode_rows(quick) + _tree_rows(quick) + _invariant_rows(quick) + _vision_rows()
             + _prefill_rows())  # fmt: skip
+
+
+@register_benchmark("rope_qk", "attention", "fp32 q/k rotary of vision towers vs torch")
+def run_rope_qk(quick: bool = False) -> list[dict]:
+    rows = []
+    cases = (("Qwen2.5-VL 1 image", 1408, 16, 80), ("Qwen2.5-VL 8 images", 11264, 16, 80),
+             ("Qwen3-VL 16 images", 11520, 16, 72))  # fmt: skip
+    for name, n, heads, d in cases[:2] if quick else cases:
+        nbytes = 4 * n * heads * d * DT.itemsize + 2 * n * d * 4  # q, k in and out; cos, sin
+        sets = []
+        for _ in range(rotation(nbytes, limit=16)):
+            qkv = torch.randn(n, 3, heads, d, dtype=DT, device=DEVICE)
+            ang = torch.rand(n, d, device=DEVICE) * 100
+            out = tuple(torch.empty(n, heads, d, dtype=DT, device=DEVICE) for _ in "qk")
+            sets.append((qkv[:, 0], qkv[:, 1], ang.cos(), ang.sin(), out))
+        t = time_graph_us([partial(rope_qk, q, k, c, s, out=o) for q, k, c, s, o in sets])
+        tt = time_graph_us([partial(reference.rope_qk, q, k, c, s) for q, k, c, s, _ in sets])
+        fl = floor_us(nbytes)
+        rows.append({"case": name, "tokens": n, "heads": heads, "d": d, "ours_us": t,
+                     "torch_us": tt, "x_torch": tt / t, "floor_us": fl,
+                     "floor_frac": fl / t})  # fmt: skip
+    return rows
 
 
 @register_benchmark("attention_invariant", "attention",

@@ -1,6 +1,8 @@
-"""Properties of ``rope_append``: bit-identical to the torch composition it replaces, on poisoned
-caches and query buffers (entries it must not write keep their poison), strided q|k|v rows, every
-head layout and the three dtypes."""
+"""Properties of ``rope_append`` and ``rope_qk``: bit-identical to the torch compositions they
+replace. ``rope_append``: on poisoned caches and query buffers (entries it must not write keep
+their poison), strided q|k|v rows, every head layout and the three dtypes. ``rope_qk``: q and k as
+column blocks of one q|k|v output or separate tensors, fp32 or model-dtype cos / sin, special
+values, into poisoned output buffers."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 from flashrt_kernels.attention import reference
 from flashrt_kernels.attention.rope_append import rope_append
+from flashrt_kernels.attention.rope_qk import rope_qk
 from flashrt_kernels.registry import Property, register_property
 from flashrt_kernels.testing import assert_exact, make_values, poison, seeds, sizes, test_device
 
@@ -86,3 +89,66 @@ def _check(case) -> None:
 
 
 register_property(Property("rope_append", "matches_reference", _cases, _check, _examples))
+
+
+VISION_HEADS = {"small": ((2, 2), (4, 2), (3, 1)), "real": ((16, 16), (16, 16), (32, 8), (12, 4))}
+
+
+@st.composite
+def _qk_cases(draw, scale: str):
+    hq, hk = draw(st.sampled_from(VISION_HEADS[scale]))
+    dtype = draw(st.sampled_from((torch.bfloat16, torch.float16, torch.float32)))
+    return {
+        "tokens": draw(sizes(0, 40 if scale == "small" else 9000)),
+        "hq": hq,
+        "hk": hk,
+        "head_dim": draw(st.sampled_from((72, 80, 64, 128) if scale == "real" else (8, 10, 80))),
+        "dtype": dtype,
+        "cos_dtype": draw(st.sampled_from((torch.float32, dtype))),
+        "fused": draw(st.booleans()),
+        "kind": draw(st.sampled_from(KINDS)),
+        "seed": draw(seeds()),
+    }
+
+
+def _qk_examples(scale: str):
+    base = {"dtype": torch.bfloat16, "cos_dtype": torch.float32, "fused": True, "kind": "normal",
+            "seed": 3}  # fmt: skip
+    if scale == "small":
+        return [{**base, "tokens": 13, "hq": 2, "hk": 2, "head_dim": 80},
+                {**base, "tokens": 1, "hq": 3, "hk": 1, "head_dim": 10, "fused": False}]  # fmt: skip
+    return [  # Qwen2.5-VL's tower (16 heads, d=80) and Qwen3-VL's (16 heads, d=72)
+        {**base, "tokens": 8192, "hq": 16, "hk": 16, "head_dim": 80},
+        {**base, "tokens": 4100, "hq": 16, "hk": 16, "head_dim": 72, "kind": "outlier"},
+    ]
+
+
+def _vision_cos_sin(t, d, dtype, seed, device):
+    """Axial (row, col) angles as the vision towers build them, in fp32, then cast."""
+    g = torch.Generator().manual_seed(seed)
+    hw = torch.randint(0, 128, (t, 2), generator=g).float()
+    inv = 1.0 / (1e4 ** (torch.arange(0, d // 2, 2).float() / (d // 2)))
+    freqs = (hw[..., None] * inv).reshape(t, 2 * inv.numel())[:, : d // 2]
+    ang = torch.cat([freqs, freqs], -1)
+    return ang.cos().to(dtype).to(device), ang.sin().to(dtype).to(device)
+
+
+def _check_qk(case) -> None:
+    device = test_device()
+    t, hq, hk, d, dt, s = (case[k] for k in ("tokens", "hq", "hk", "head_dim", "dtype", "seed"))
+    x = make_values(case["kind"], (t, hq + 2 * hk, d), dt, s, device)
+    q, k = x[:, :hq], x[:, hq : hq + hk]  # column blocks of one q|k|v output
+    if not case["fused"]:
+        q, k = q.contiguous(), k.contiguous()
+    cos, sin = _vision_cos_sin(t, d, case["cos_dtype"], s + 1, device)
+    want = reference.rope_qk(q, k, cos, sin)
+    out = tuple(poison(torch.empty(y.shape, dtype=dt, device=device)) for y in (q, k))
+    got = rope_qk(q, k, cos, sin, out=out, backend="triton")
+    for g, w, what in zip(got, want, ("q", "k"), strict=True):
+        assert_exact(g, w, what=f"rope_qk {what}")
+    fresh = rope_qk(q, k, cos, sin, backend="triton")
+    for g, w in zip(fresh, want, strict=True):
+        assert_exact(g, w, what="rope_qk without out")
+
+
+register_property(Property("rope_qk", "matches_reference", _qk_cases, _check_qk, _qk_examples))

@@ -211,6 +211,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def rope_qk(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """Specification of ``rope_qk``: q [N, Hq, D] and k [N, Hk, D] rotated in fp32 by cos / sin
+    [N, D], ``x.float() * cos + rotate_half(x.float()) * sin``, cast back to the dtype."""
+    c, s = cos.float()[:, None], sin.float()[:, None]
+
+    def rotate(x):
+        xf = x.float()
+        return (xf * c + rotate_half(xf) * s).to(x.dtype).contiguous()
+
+    return rotate(q), rotate(k)
+
+
 def rope_append(q, k, v, cos, sin, k_cache, v_cache, rows, slots, q_out, q_index, biases=None):
     """Specification of ``rope_append`` (in the tensors' dtype, torch's roundings): with
     ``biases`` each of q, k, v gets its bias added first; q and k [T, heads * D] are rotated,
