@@ -241,29 +241,33 @@ def gqa_tile_kernel(
 def split_combine_kernel(
     Opart, Mpart, Lpart, Out, CacheLens, QLens,
     stride_ob, stride_ot, stride_oh,
-    capacity, slots, n_q_heads,
+    capacity, slots, n_q_heads, q_max,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     UPCAST: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
     KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr,
 ):  # fmt: skip
     """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
-    shape, whatever the split count). Rows of one split were written by the tile kernel. A dead
-    query slot's zeros are written by its head-0 program, every head in one store; its other
-    programs exit at once (a padded step's dead slots cost little)."""
+    shape, whatever the split count). Rows of one split were written by the tile kernel. The
+    grid covers only the query slots a split row can have (``split_plan``); the head-0 program
+    of slot ``i`` writes the zeros of the dead slots ``i, i + grid, ...`` below ``q_max``, every
+    head in one store (a padded step's dead slots cost little)."""
     i = tl.program_id(0)
     b = tl.program_id(1)
     hh = tl.program_id(2)
     cache_len = tl.load(CacheLens + b)
     q_len = tl.load(QLens + b)
     d = tl.arange(0, BLOCK_D)
-    o_row = Out + b.to(tl.int64) * stride_ob + i * stride_ot
-    if i >= q_len:
-        if hh == 0:
-            h = tl.arange(0, BLOCK_H)
-            zero = tl.zeros((BLOCK_H, BLOCK_D), dtype=Out.dtype.element_ty)
-            tl.store(o_row + h[:, None] * stride_oh + d[None, :], zero,
+    o_rows = Out + b.to(tl.int64) * stride_ob
+    o_row = o_rows + i * stride_ot
+    if hh == 0:
+        h = tl.arange(0, BLOCK_H)
+        zero = tl.zeros((BLOCK_H, BLOCK_D), dtype=Out.dtype.element_ty)
+        g = tl.num_programs(0)
+        first = i + tl.maximum(q_len - i + g - 1, 0) // g * g  # the first dead slot i + k * g
+        for j in range(first, q_max, g):
+            tl.store(o_rows + j * stride_ot + h[:, None] * stride_oh + d[None, :], zero,
                      mask=(h[:, None] < n_q_heads) & (d[None, :] < HEAD_DIM))  # fmt: skip
-    else:
+    if i < q_len:
         total = tl.minimum(cache_len + q_len, capacity)
         chunk = _row_chunk(total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, DOUBLINGS)
         n_splits = (total + chunk - 1) // chunk
@@ -309,7 +313,7 @@ def launch_gqa_tiles(
                          *k_cache.stride()[:3], *v_cache.stride()[:3])  # fmt: skip
     rows = q_max * group
     if split:
-        narrow_splits, wide_splits, slots = split_plan(cap, q_max, group, cfg)
+        narrow_splits, wide_splits, slots, split_queries = split_plan(cap, q_max, group, cfg)
         per = bsz * slots * hq
         opart = workspace[: per * d]
         mpart = workspace[per * d : per * (d + 1)]
@@ -347,10 +351,10 @@ def launch_gqa_tiles(
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )  # fmt: skip
     if split:
-        split_combine_kernel[(q_max, bsz, hq)](
+        split_combine_kernel[(max(1, split_queries), bsz, hq)](
             opart, mpart, lpart, out, cache_lens, q_lens,
             out.stride(0), out.stride(1), out.stride(2),
-            cap, slots, hq,
+            cap, slots, hq, q_max,
             HEAD_DIM=d, G=group, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(hq),
             UPCAST=upcast, **chunks, num_warps=4,
         )  # fmt: skip

@@ -110,6 +110,11 @@ def _decode_examples(scale: str):
              "cache_lens": [129, 0], "mask": "tree", "group": 4, "head_dim": 72},
             {**base, "batch": 1, "q_max": 8, "cap": 130, "q_lens": [8], "cache_lens": [122],
              "mask": "tree_bits", "group": 1, "head_dim": 80, "dtype": torch.float16},
+            # rows of more than 64 queries are never split here: the combine grid stops at 64
+            # query slots and its programs zero the dead slots past it
+            {**base, "batch": 3, "q_max": 80, "cap": 1024, "q_lens": [70, 3, 0],
+             "cache_lens": [900, 1000, 11], "mask": "causal", "group": 2, "kv_heads": 1,
+             "head_dim": 64},
         ]  # fmt: skip
     return [
         {**base, "batch": 4, "q_max": 1, "cap": 6000, "q_lens": [1, 1, 0, 1],
@@ -118,6 +123,9 @@ def _decode_examples(scale: str):
          "cache_lens": [4096, 2048, 7, 0, 1, 128, 4000, 300], "mask": "tree"},
         {**base, "batch": 2, "q_max": 24, "cap": 2100, "q_lens": [24, 24],
          "cache_lens": [2048, 2076], "mask": "tree_bits", "group": 4, "kv_heads": 8},
+        # a padded prefill step (ActiveVLN's 256-query bucket): only rows of <= 32 queries split
+        {**base, "batch": 8, "q_max": 256, "cap": 2048, "q_lens": [130, 120, 0, 1, 256, 3, 88, 32],
+         "cache_lens": [1500, 0, 5, 2047, 1792, 2000, 900, 1400], "mask": "causal"},
     ]  # fmt: skip
 
 

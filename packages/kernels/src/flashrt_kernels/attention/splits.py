@@ -59,20 +59,26 @@ def split_chunk(total: int, q_len: int, group: int, cfg: dict) -> int:
 
 @functools.cache
 def _plan(capacity: int, q_max: int, group: int, min_chunk: int, target: int,
-          keys_per_row: int) -> tuple[int, int, int]:  # fmt: skip
+          keys_per_row: int) -> tuple[int, int, int, int]:  # fmt: skip
     cfg = {"MIN_CHUNK": min_chunk, "TARGET": target, "KEYS_PER_ROW": keys_per_row}
     splits = {False: 1, True: 1}
     slots = 1
+    split_queries = 0
     for q in range(1, q_max + 1):
         s = min(target, -(-capacity // split_chunk(1, q, group, cfg)))
         wide = q * group > NARROW_ROWS
         splits[wide] = max(splits[wide], s)
         slots = max(slots, q * s)
-    return splits[False], splits[True], slots
+        if s > 1:
+            split_queries = q
+    return splits[False], splits[True], slots, split_queries
 
 
-def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, int, int]:
-    """(most splits of a narrow row, of a wide row, partial slots per row)."""
+def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, int, int, int]:
+    """(most splits of a narrow row, of a wide row, partial slots per row, the largest query
+    count of a row that can have more than one split). A row's split size grows with its query
+    count and its key count is at most ``capacity``, so rows of more queries than the last are
+    never split: the combine pass only merges query slots below it."""
     return _plan(capacity, q_max, group, cfg["MIN_CHUNK"], cfg["TARGET"], cfg["KEYS_PER_ROW"])
 
 
@@ -82,7 +88,7 @@ def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_di
     """fp32 elements of the split workspace ``gqa_attention`` needs for these sizes (and mode)."""
     if query_invariant:
         return invariant_workspace_numel(batch, q_max, q_heads, head_dim, capacity, config)
-    _, _, slots = split_plan(capacity, q_max, q_heads // kv_heads, geometry(config))
+    _, _, slots, _ = split_plan(capacity, q_max, q_heads // kv_heads, geometry(config))
     return batch * slots * q_heads * (head_dim + 2)
 
 
