@@ -9,7 +9,8 @@
 |  |  | query's bits independent of the row's query count, tree and prefix cut); |
 |  |  | needs packed_prefill and a tree budget of at most 63 nodes |
 | ``vision_kernel`` | "reference" | per-window / per-image attention in torch |
-|  | "segmented" | flashrt_kernels.segmented_attention (bf16/fp16): faithful |
+|  | "segmented" | flashrt_kernels.segmented_attention (bf16/fp16): faithful; the |
+|  |  | tower's q/k rotary through flashrt_kernels.rope_qk on CUDA: exact |
 | ``decode_linear`` | "reference" | torch linears (cuBLAS on a GPU) |
 |  | "batch_invariant" | flashrt_kernels.gemm.linear on decode / tree steps (bf16): faithful, |
 |  |  | a row's result independent of the row count; q, k, v one launch (bit-equal), |
@@ -17,7 +18,10 @@
 | ``prefill_linear`` | "reference" | torch linears on prefill steps and in the vision tower |
 |  | "batch_invariant" | flashrt_kernels.gemm.linear there too (bf16; bias added after): a |
 |  |  | token's result independent of the step's token and image counts |
-| ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent |
+| ``rms_norm_kernel`` | bool | flashrt_kernels.rms_norm: faithful (1.5 ulp bf16), rows independent; |
+|  |  | each residual add fused into the norm after it (exact) |
+| ``swiglu_kernel`` | bool | flashrt_kernels.quant.silu_mul after torch's gate|up linear (text |
+|  |  | prefill, vision MLP; bf16/fp16): faithful (the fp32 product rounded once) |
 | ``gpu_preprocess`` | bool | exact: the same bytes as the CPU Pillow path |
 | ``packed_prefill`` | bool | faithful: norms, projections and MLP over the live tokens only, |
 |  |  | packed back to back (no work for padded slots or empty rows); attention |
@@ -54,6 +58,7 @@ class Options:
     decode_linear: str = "reference"
     prefill_linear: str = "reference"
     rms_norm_kernel: bool = False
+    swiglu_kernel: bool = False
     gpu_preprocess: bool = False
     packed_prefill: bool = False
     cuda_graphs: bool = False
@@ -81,7 +86,7 @@ class Options:
             v = getattr(self, name)
             if v not in allowed:
                 raise ValueError(f"option {name}={v!r}: expected one of {list(allowed)}")
-        for name in ("packed_prefill", "cuda_graphs"):
+        for name in ("packed_prefill", "cuda_graphs", "rms_norm_kernel", "swiglu_kernel"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"option {name}={getattr(self, name)!r}: expected a bool")
         if self.cuda_graphs and not (self.packed_prefill and self.attention_kernel != "reference"):
@@ -130,6 +135,7 @@ PRESETS = {
         vision_kernel="segmented",
         decode_linear="batch_invariant",
         rms_norm_kernel=True,
+        swiglu_kernel=True,
         gpu_preprocess=True,
         packed_prefill=True,
         cuda_graphs=True,

@@ -129,6 +129,7 @@ class Engine:
             vision_attention=options.vision_kernel,
             decode_linear=options.decode_linear,
             prefill_linear=options.prefill_linear,
+            activation="kernel" if options.swiglu_kernel else "reference",
         )
 
     def _extents(self, episodes: list[Episode]) -> tuple[int, int, set]:

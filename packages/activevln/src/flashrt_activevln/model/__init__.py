@@ -8,7 +8,7 @@ from flashrt_activevln.config import ModelConfig
 from flashrt_activevln.model.ops import FEW_QUERIES, Ops
 from flashrt_activevln.model.positions import mrope_positions
 from flashrt_activevln.model.text import KVPool, decoder_forward, fuse_projections
-from flashrt_activevln.model.vision import VisionPlan, pad_mlp, vision_forward
+from flashrt_activevln.model.vision import VisionPlan, fuse_gate_up, pad_mlp, vision_forward
 
 __all__ = ["KVPool", "Ops", "Qwen25VL", "VisionPlan", "mrope_positions"]
 
@@ -22,7 +22,7 @@ class Qwen25VL:
         self.ops = ops or Ops()
         if self.ops.fused_weights:  # fused q|k|v, gate|up launches
             weights = fuse_projections(weights, cfg.text)
-        self.w = pad_mlp(weights, cfg.vision)
+        self.w = fuse_gate_up(pad_mlp(weights, cfg.vision), cfg.vision)
         self.dtype = weights["model.embed_tokens.weight"].dtype
         self.device = weights["model.embed_tokens.weight"].device
         self._plans: dict[tuple, VisionPlan] = {}  # per list of image grids

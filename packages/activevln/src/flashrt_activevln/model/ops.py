@@ -24,7 +24,14 @@ building block, the reference or a flashrt-kernels op; every choice states its c
   never depends on how many tokens or images a step packs (exact across row counts), so with the
   invariant attention and rows independent norms a row's replies do not depend on the batch;
 - ``vision_attention="segmented"``: flashrt_kernels.segmented_attention (per window / per image,
-  variable lengths) for bf16 / fp16: faithful; other dtypes take the reference.
+  variable lengths) for bf16 / fp16: faithful; other dtypes take the reference. The tower's
+  rotary embedding of q and k then goes through flashrt_kernels.rope_qk on CUDA tensors
+  (``exact``: the bits of the float32 torch rotation), straight from the q|k|v projection into
+  the token-major layout the kernel reads (no transposed copies);
+- ``activation="kernel"``: SwiGLU after a torch gate|up linear (text prefill, the vision MLP) as
+  flashrt_kernels.quant.silu_mul on CUDA bf16 / fp16 tensors: one launch over the gate|up
+  output, the fp32 product rounded once (faithful, 2 ulp; torch rounds silu(gate) first). The
+  fused batch-invariant launch of decode steps rounds the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FEW_QUERIES = 64
 INVARIANT_TREE = 64  # flashrt_kernels' query-invariant tree masks hold at most this many nodes
 ATTENTION = ("reference", "gqa", "gqa_invariant")
+ACTIVATIONS = ("reference", "kernel")
 LINEARS = ("reference", "batch_invariant")
 
 
@@ -89,6 +97,7 @@ class Ops:
     vision_attention: str = "reference"
     decode_linear: str = "reference"
     prefill_linear: str = "reference"
+    activation: str = "reference"
 
     def __post_init__(self):
         for name in ("decode_linear", "prefill_linear"):
@@ -101,6 +110,10 @@ class Ops:
         if self.attention not in ATTENTION:
             raise ValueError(
                 f"Ops.attention must be one of {list(ATTENTION)}, got {self.attention!r}"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"Ops.activation must be one of {list(ACTIVATIONS)}, got {self.activation!r}"
             )
         if self.vision_attention not in ("reference", "segmented"):
             raise ValueError(
@@ -154,7 +167,18 @@ class Ops:
 
     def gate_up_then_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
         """One torch linear over the gate|up weight, then SiLU(gate) * up."""
-        gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+        return self.swiglu_halves(F.linear(x, w_gate_up))
+
+    def swiglu_halves(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up of a [..., 2I] gate|up tensor: ``activation="kernel"`` on CUDA bf16 /
+        fp16 is one flashrt_kernels.quant.silu_mul launch, else torch on the two halves."""
+        if (self.activation == "kernel" and gate_up.is_cuda
+                and gate_up.dtype in (torch.bfloat16, torch.float16)):  # fmt: skip
+            from flashrt_kernels.quant import silu_mul
+
+            y = silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
+            return y.view(*gate_up.shape[:-1], y.shape[-1])
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.swiglu(gate, up)
 
     def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale, q_lens=None,
@@ -190,18 +214,32 @@ class Ops:
         v = v_layer[:, :extent].transpose(1, 2)
         return attention_reference(q, k, v, visible, scale).transpose(1, 2)
 
+    def vision_rope(self, q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k [N, H, D] (views of the q|k|v projection) rotated in float32 by cos / sin [N, D]
+        float32 -> [N, H, D] each: flashrt_kernels.rope_qk (one launch, exact) with the
+        segmented vision kernel on CUDA, else HF's torch composition per tensor."""
+        if self.vision_attention == "segmented" and q.is_cuda and q.dtype in KERNEL_DTYPES:
+            from flashrt_kernels.attention import rope_qk
+
+            return rope_qk(q, k, cos, sin)
+        from flashrt_activevln.model.rope import apply_vision_rope
+
+        return apply_vision_rope(q, cos, sin), apply_vision_rope(k, cos, sin)
+
     def attend_segments(self, q, k, v, bounds, scale, cu=None):
-        """q/k/v [H, N, D]; full attention inside each [bounds[i], bounds[i+1]) (``cu``: the
-        bounds as an int32 device tensor, if the caller has it)."""
+        """q/k/v [N, H, D] (token-major, any token / head strides) -> [N, H, D]: full attention
+        inside each [bounds[i], bounds[i+1]) (``cu``: the bounds as an int32 device tensor, if
+        the caller has it; the bounds must cover all N tokens)."""
         if self.vision_attention == "segmented" and q.dtype in (torch.bfloat16, torch.float16):
             from flashrt_kernels.attention import segmented_attention
 
             if cu is None:
                 cu = torch.tensor(bounds, dtype=torch.int32, device=q.device)
             longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-            t = [x.transpose(0, 1).contiguous() for x in (q, k, v)]
-            return segmented_attention(*t, cu, longest, scale=scale).transpose(0, 1)
-        return segment_attention_reference(q, k, v, bounds, scale)
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row is written
+            return segmented_attention(q, k, v, cu, longest, scale=scale, out=out)
+        heads_first = (x.transpose(0, 1) for x in (q, k, v))
+        return segment_attention_reference(*heads_first, bounds, scale).transpose(0, 1)
 
     def linear(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 from flashrt_activevln.config import VisionConfig
 from flashrt_activevln.model.ops import Ops
-from flashrt_activevln.model.rope import apply_vision_rope, vision_cos_sin
+from flashrt_activevln.model.rope import vision_cos_sin
 
 MLP_ALIGN = 16  # elements: a bf16 row stride of a multiple of 32 bytes keeps cuBLAS aligned
+GATE_UP = "mlp.gate_up_proj."  # fused gate|up weight and bias (``fuse_gate_up``), per block
 
 
 def pad_mlp(w: dict, cfg: VisionConfig) -> dict:
@@ -38,11 +39,31 @@ def pad_mlp(w: dict, cfg: VisionConfig) -> dict:
     return w
 
 
+def fuse_gate_up(w: dict, cfg: VisionConfig) -> dict:
+    """A copy of the weights with every block's gate and up projections (weights and biases)
+    row-concatenated under ``GATE_UP``: one linear per MLP instead of two, its output the
+    gate|up tensor ``Ops.swiglu_halves`` takes. The separate tensors become views of the fused
+    ones (each weight held once)."""
+    w = dict(w)
+    for i in range(cfg.depth):
+        p = f"visual.blocks.{i}."
+        for part in ("weight", "bias"):
+            names = [p + f"mlp.{n}_proj.{part}" for n in ("gate", "up")]
+            cat = torch.cat([w[n] for n in names])
+            w[p + GATE_UP + part] = cat
+            rows = w[names[0]].shape[0]
+            w[names[0]], w[names[1]] = cat[:rows], cat[rows:]
+    return w
+
+
 def unpad_mlp(w: dict, cfg: VisionConfig) -> dict:
-    """Views of ``pad_mlp``'s weights at the checkpoint's shapes (for loading into HF)."""
+    """Views of ``pad_mlp``'s weights at the checkpoint's shapes (for loading into HF), without
+    ``fuse_gate_up``'s fused tensors."""
     n = cfg.intermediate_size
     w = dict(w)
     for i in range(cfg.depth):
+        for part in ("weight", "bias"):
+            w.pop(f"visual.blocks.{i}." + GATE_UP + part, None)
         p = f"visual.blocks.{i}.mlp."
         for name in ("gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias"):
             w[p + name] = w[p + name][:n]
@@ -110,25 +131,26 @@ class VisionPlan:
         self.cos, self.sin = vision_cos_sin(hw, cfg.head_dim, cfg.rope_theta)
 
 
-def vision_block(x, w, p, cfg: VisionConfig, plan: VisionPlan, full: bool, ops: Ops):
+def vision_block(x, delta, w, p, cfg: VisionConfig, plan: VisionPlan, full: bool, ops: Ops):
+    """One block on the residual stream ``x + delta`` (``delta``: the previous block's MLP
+    output, or None): returns (the stream after attention, this block's MLP output), so each
+    residual add is the input of the norm that follows it (one launch with the norm kernel)."""
     n = x.shape[0]
     heads = cfg.num_heads
-    h = ops.norm(x, w[p + "norm1.weight"], 1e-6)
+    h, x = ops.add_norm(x, delta, w[p + "norm1.weight"], 1e-6)
     qkv = ops.linear(h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"]).view(n, 3, heads, -1)
-    q, k, v = qkv.unbind(1)
-    q = apply_vision_rope(q, plan.cos, plan.sin).transpose(0, 1)
-    k = apply_vision_rope(k, plan.cos, plan.sin).transpose(0, 1)
-    v = v.transpose(0, 1)
+    q, k = ops.vision_rope(qkv[:, 0], qkv[:, 1], plan.cos, plan.sin)
     bounds, cu = (plan.full_bounds, plan.full_cu) if full else (plan.window_bounds, plan.window_cu)
-    a = ops.attend_segments(q, k, v, bounds, cfg.head_dim**-0.5, cu)
-    a = a.transpose(0, 1).reshape(n, -1)
-    x = x + ops.linear(a, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"])
-    h = ops.norm(x, w[p + "norm2.weight"], 1e-6)
-    g = ops.linear(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.gate_proj.bias"])
-    u = ops.linear(h, w[p + "mlp.up_proj.weight"], w[p + "mlp.up_proj.bias"])
-    return x + ops.linear(
-        ops.swiglu(g, u), w[p + "mlp.down_proj.weight"], w[p + "mlp.down_proj.bias"]
-    )
+    a = ops.attend_segments(q, k, qkv[:, 2], bounds, cfg.head_dim**-0.5, cu).reshape(n, -1)
+    attn = ops.linear(a, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"])
+    h, x = ops.add_norm(x, attn, w[p + "norm2.weight"], 1e-6)
+    if p + GATE_UP + "weight" in w:
+        m = ops.swiglu_halves(ops.linear(h, w[p + GATE_UP + "weight"], w[p + GATE_UP + "bias"]))
+    else:
+        g = ops.linear(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.gate_proj.bias"])
+        u = ops.linear(h, w[p + "mlp.up_proj.weight"], w[p + "mlp.up_proj.bias"])
+        m = ops.swiglu(g, u)
+    return x, ops.linear(m, w[p + "mlp.down_proj.weight"], w[p + "mlp.down_proj.bias"])
 
 
 def vision_forward(
@@ -138,11 +160,11 @@ def vision_forward(
     proj = w["visual.patch_embed.proj.weight"].reshape(cfg.hidden_size, -1)
     x = ops.linear(pixel_values.to(dtype), proj)[plan.patch_perm]
     full = set(cfg.fullatt_block_indexes)
+    delta = None
     for i in range(cfg.depth):
-        x = vision_block(x, w, f"visual.blocks.{i}.", cfg, plan, i in full, ops)
-    x = ops.norm(x, w["visual.merger.ln_q.weight"], 1e-6).reshape(
-        -1, cfg.hidden_size * cfg.merge_unit
-    )
+        x, delta = vision_block(x, delta, w, f"visual.blocks.{i}.", cfg, plan, i in full, ops)
+    x, _ = ops.add_norm(x, delta, w["visual.merger.ln_q.weight"], 1e-6)
+    x = x.reshape(-1, cfg.hidden_size * cfg.merge_unit)
     x = F.gelu(ops.linear(x, w["visual.merger.mlp.0.weight"], w["visual.merger.mlp.0.bias"]))
     x = ops.linear(x, w["visual.merger.mlp.2.weight"], w["visual.merger.mlp.2.bias"])
     return x[plan.unit_inverse]
