@@ -37,7 +37,7 @@ from flashrt_kernels.attention.splits import (
     split_plan,
     vector_align,
 )
-from flashrt_kernels.backends import triton_interpreter_active
+from flashrt_kernels.backends import device_capability, triton_interpreter_active
 from flashrt_kernels.triton_helpers import cast_rne
 
 # Bound vs the reference, per dtype: probabilities rounded to the dtype (relative 2^-8 / 2^-11 of
@@ -139,11 +139,17 @@ def gqa_tile_kernel(
     HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ROW_CLASS: tl.constexpr,
     NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
     KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr, ALIGN: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max].
     PACKED: queries and outputs are token-major ``[T, H, d]`` and row ``b`` owns tokens
     ``QStarts[b] .. QStarts[b + 1]`` (cu_seqlens); otherwise ``[B, q_max, H, d]``.
-    ROW_CLASS: 0 every row, 1 rows of at most ``NARROW`` tile rows, 2 the others."""
+    ROW_CLASS: 0 every row, 1 rows of at most ``NARROW`` tile rows, 2 the others.
+    PDL: the combine pass is launched as a programmatic dependent; each program lets it start at
+    once (it is scheduled when the grid's last wave is resident; it waits for this grid's
+    completion before it reads)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2)
@@ -244,18 +250,22 @@ def split_combine_kernel(
     capacity, slots, n_q_heads, q_max,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     UPCAST: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-    KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr,
+    KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
     shape, whatever the split count). Rows of one split were written by the tile kernel. The
     grid covers only the query slots a split row can have (``split_plan``); the head-0 program
     of slot ``i`` writes the zeros of the dead slots ``i, i + grid, ...`` below ``q_max``, every
-    head in one store (a padded step's dead slots cost little)."""
+    head in one store (a padded step's dead slots cost little). PDL: launched as a programmatic
+    dependent of the tile launch: every program reads the lengths, then waits for the tile grid
+    to complete (and its writes to be visible) before it touches the partials or the output."""
     i = tl.program_id(0)
     b = tl.program_id(1)
     hh = tl.program_id(2)
     cache_len = tl.load(CacheLens + b)
     q_len = tl.load(QLens + b)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     d = tl.arange(0, BLOCK_D)
     o_rows = Out + b.to(tl.int64) * stride_ob
     o_row = o_rows + i * stride_ot
@@ -288,6 +298,14 @@ def split_combine_kernel(
                      mask=d < HEAD_DIM)  # fmt: skip
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels on a Hopper-or-newer GPU."""
+    if device.type != "cuda" or triton_interpreter_active():
+        return False
+    cap = device_capability(device.index if device.index is not None else 0)
+    return cap is not None and cap[0] >= 9
+
+
 def launch_gqa_tiles(
     q, k_cache, v_cache, out, cache_lens, q_lens, *, q_starts, cache_rows, mask, mask_mode,
     q_max, split, workspace, scale, config=None,
@@ -295,10 +313,10 @@ def launch_gqa_tiles(
     """Launches the tile kernel: with ``split``, the narrow class, the wide class when ``q_max * G``
     allows wide rows, and the combine pass; otherwise one unsplit packed prefill launch. Inputs
     validated. ``config`` overrides the geometry (``splits.geometry``)."""
-    cfg = geometry(config)
     bsz = cache_lens.shape[0]
     hq, d = q.shape[-2], q.shape[-1]
     hkv, cap = k_cache.shape[2], k_cache.shape[1]
+    cfg = geometry(config, hkv)
     group = hq // hkv
     upcast = triton_interpreter_active()
     block_d = max(16, triton.next_power_of_2(d))
@@ -331,6 +349,7 @@ def launch_gqa_tiles(
     smi = mask.stride(1) if mask is not None else 0
     chunks = {"MIN_CHUNK": cfg["MIN_CHUNK"], "TARGET": cfg["TARGET"],
               "KEYS_PER_ROW": cfg["KEYS_PER_ROW"], "DOUBLINGS": MAX_DOUBLINGS}  # fmt: skip
+    pdl = split and cfg["PDL"] and pdl_supported(q.device)
     for name, row_class, n_splits, n_tiles in launches:
         tiles = cfg[name]
         gqa_tile_kernel[(n_tiles, n_splits, bsz * hkv)](
@@ -347,7 +366,7 @@ def launch_gqa_tiles(
             TAIL_N=min(tiles["BLOCK_N"], max(16, MASKED_ELEMENTS // tiles["BLOCK_M"])),
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
             HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
-            NARROW=NARROW_ROWS, ALIGN=align, **chunks,
+            NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )  # fmt: skip
     if split:
@@ -356,5 +375,5 @@ def launch_gqa_tiles(
             out.stride(0), out.stride(1), out.stride(2),
             cap, slots, hq, q_max,
             HEAD_DIM=d, G=group, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(hq),
-            UPCAST=upcast, **chunks, num_warps=4,
+            UPCAST=upcast, PDL=pdl, **chunks, num_warps=4, launch_pdl=pdl,
         )  # fmt: skip

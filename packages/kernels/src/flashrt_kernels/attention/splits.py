@@ -27,19 +27,31 @@ WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # Split rule: at least MIN_CHUNK keys, at most TARGET splits, at least KEYS_PER_ROW keys per tile
 # row (bounds the partial traffic: KEYS_PER_ROW / 4 times the K/V bytes of the split at d=128).
+# With few KV heads (FEW_KV_HEADS or less) long rows take fewer, longer splits and the narrow
+# tiles a deeper key loop: the H200 decode sweep (docs/kernels/attention.md) measured 0.94x the
+# time of the other geometry in geomean over B x L at 16/2 heads, and 1.00x at 32/8 where it
+# lost at L=2k. A function of the model's head counts, never of the batch.
 SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4}
+FEW_KV_HEADS = 2
+FEW_KV_SPLITS = {"TARGET": 32, "narrow": {"num_stages": 3}}
+# The split combine starts as a programmatic dependent of the tile launch (sm90+; the bits do not
+# depend on it).
+LAUNCH = {"PDL": True}
 MAX_DOUBLINGS = 20
 # Query-invariant mode: one geometry for every query (constants of the contract: the bits depend
 # on all of them).
 INVARIANT = {"SPLIT_KEYS": 512, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
-def geometry(config: dict | None = None) -> dict:
-    """The default geometry with ``config`` overrides (benchmark sweeps only: the defaults are the
-    contract's fixed geometry). Keys: ``narrow`` / ``wide`` / ``prefill`` (tile dicts, merged)
-    and the ``SPLITS`` keys."""
-    cfg = {"narrow": dict(NARROW), "wide": dict(WIDE), "prefill": dict(PREFILL), **SPLITS}
-    for key, val in (config or {}).items():
+def geometry(config: dict | None = None, kv_heads: int | None = None) -> dict:
+    """The default geometry for ``kv_heads`` KV heads (``FEW_KV_SPLITS`` at ``FEW_KV_HEADS`` or
+    fewer) with ``config`` overrides (benchmark sweeps only: the defaults are the contract's fixed
+    geometry). Keys: ``narrow`` / ``wide`` / ``prefill`` (tile dicts, merged) and the ``SPLITS``
+    and ``LAUNCH`` keys."""
+    cfg = {"narrow": dict(NARROW), "wide": dict(WIDE), "prefill": dict(PREFILL), **SPLITS,
+           **LAUNCH}
+    few = kv_heads is not None and kv_heads <= FEW_KV_HEADS
+    for key, val in [*(FEW_KV_SPLITS.items() if few else ()), *(config or {}).items()]:
         if isinstance(val, dict):
             cfg[key] = {**cfg[key], **val}
         else:
@@ -88,7 +100,7 @@ def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_di
     """fp32 elements of the split workspace ``gqa_attention`` needs for these sizes (and mode)."""
     if query_invariant:
         return invariant_workspace_numel(batch, q_max, q_heads, head_dim, capacity, config)
-    _, _, slots, _ = split_plan(capacity, q_max, q_heads // kv_heads, geometry(config))
+    _, _, slots, _ = split_plan(capacity, q_max, q_heads // kv_heads, geometry(config, kv_heads))
     return batch * slots * q_heads * (head_dim + 2)
 
 
