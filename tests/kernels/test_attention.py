@@ -257,3 +257,35 @@ def test_rope_qk_bad_inputs():
         rope_qk(q, k, cs, cs, out=torch.empty_like(q))
     with pytest.raises(ValueError, match="k_out must have shape"):
         rope_qk(q, k, cs, cs, out=(torch.empty_like(q), torch.empty_like(q)))
+
+
+def test_pdl_only_on_compiled_hopper_launches():
+    from flashrt_kernels.attention.gqa_kernels import pdl_supported
+
+    assert not pdl_supported(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_pdl_combine_gives_the_plain_launch_bits():
+    """The combine as a programmatic dependent launch (the default on sm90+) against the plain
+    launch: same bits, eagerly and replayed, for split decode rows, a tree and an empty row."""
+    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+
+    dev = "cuda"
+    for hq, hkv in ((16, 2), (32, 8)):
+        q = torch.randn(4, 24, hq, 128, dtype=BF16, device=dev)
+        k = torch.randn(4, 9000, hkv, 128, dtype=BF16, device=dev)
+        v = torch.randn_like(k)
+        cl = torch.tensor([8900, 0, 2047, 300], dtype=torch.int32, device=dev)
+        ql = torch.tensor([1, 0, 24, 1], dtype=torch.int32, device=dev)
+        mask = torch.stack([random_tree_mask(24, 8, s) for s in range(4)]).to(dev)
+        ws = torch.empty(workspace_numel(4, 24, hq, hkv, 128, 9000), device=dev)
+        outs = []
+        for cfg in ({"PDL": False}, None):
+            out = torch.full_like(q, float("nan"))
+            launch_gqa_tiles(q, k, v, out, cl, ql, q_starts=None, cache_rows=None,
+                             mask=mask.view(torch.uint8), mask_mode=1, q_max=24, split=True,
+                             workspace=ws, scale=128**-0.5, config=cfg)  # fmt: skip
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1])
+        assert not outs[1].isnan().any()
