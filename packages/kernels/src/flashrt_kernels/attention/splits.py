@@ -48,8 +48,7 @@ def geometry(config: dict | None = None, kv_heads: int | None = None) -> dict:
     fewer) with ``config`` overrides (benchmark sweeps only: the defaults are the contract's fixed
     geometry). Keys: ``narrow`` / ``wide`` / ``prefill`` (tile dicts, merged) and the ``SPLITS``
     and ``LAUNCH`` keys."""
-    cfg = {"narrow": dict(NARROW), "wide": dict(WIDE), "prefill": dict(PREFILL), **SPLITS,
-           **LAUNCH}
+    cfg = {"narrow": dict(NARROW), "wide": dict(WIDE), "prefill": dict(PREFILL), **SPLITS, **LAUNCH}
     few = kv_heads is not None and kv_heads <= FEW_KV_HEADS
     for key, val in [*(FEW_KV_SPLITS.items() if few else ()), *(config or {}).items()]:
         if isinstance(val, dict):
