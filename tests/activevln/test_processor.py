@@ -60,3 +60,14 @@ def test_smart_resize_r2r_geometry():
     assert smart_resize(480, 640) == (224, 308)
     with pytest.raises(ValueError):
         smart_resize(1, 500)
+
+
+def test_gpu_preprocess_batch_is_the_frames_one_by_one(procs):
+    ours, _ = procs
+    frames = [_frame(480, 640, s, k) for s, k in ((4, "noise"), (5, "ramp"), (6, "binary"))]
+    many, grid = ours.gpu_preprocess_batch(torch.from_numpy(np.stack(frames)))
+    one = [ours.gpu_preprocess(torch.from_numpy(f)) for f in frames]
+    assert all(g == grid for _, g in one)
+    assert torch.equal(many.view(torch.int32), torch.cat([pv for pv, _ in one]).view(torch.int32))
+    with pytest.raises(ValueError, match=r"uint8 \[n, H, W, 3\]"):
+        ours.gpu_preprocess_batch(torch.from_numpy(frames[0]))

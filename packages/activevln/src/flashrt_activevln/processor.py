@@ -4,8 +4,9 @@ preprocessing into the vision tower's ``pixel_values``.
 Two image paths with the same bytes out:
 - ``preprocess_cpu``: Pillow + numpy, the exact steps of transformers' slow (PIL)
   Qwen2VLImageProcessor (bicubic resize, float64 rescale, float32 normalize, patchify);
-- ``gpu_preprocess``: the same pipeline as torch integer / float ops on any device
-  (see ``resize.py``); bit-identical to the CPU path.
+- ``gpu_preprocess`` / ``gpu_preprocess_batch``: the same pipeline as torch integer / float ops
+  on any device (see ``resize.py``), one frame or a batch of frames of one size at a time;
+  bit-identical to the CPU path.
 Per turn, token ids and relative M-RoPE positions are cached by (first turn?, instruction,
 frame size), so a cached turn costs no tokenization.
 """
@@ -140,20 +141,35 @@ class ActiveVLNProcessor:
 
     def gpu_preprocess(self, frame: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """uint8 HxWx3 tensor on any device -> the same bytes as ``preprocess_cpu``."""
-        grid = self.grid(frame.shape[0], frame.shape[1])
+        return self.gpu_preprocess_batch(frame[None])
+
+    def gpu_preprocess_batch(
+        self, frames: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """uint8 [n, H, W, 3] (frames of one size) on any device -> (the n frames' pixel_values
+        back to back, ``[n * patches, patch_dim]``, the grid of one): each frame's bytes are
+        ``preprocess_cpu``'s; one resize / normalize / patchify for all of them."""
+        if frames.dim() != 4 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
+            raise ValueError(
+                f"gpu_preprocess_batch: frames must be uint8 [n, H, W, 3], got "
+                f"{frames.dtype} {list(frames.shape)}"
+            )
+        grid = self.grid(frames.shape[1], frames.shape[2])
         p = self.cfg.vision.patch_size
-        chw = frame.permute(2, 0, 1)
+        chw = frames.permute(0, 3, 1, 2)
         x = rescale_normalize(pillow_bicubic_resize(chw, grid[1] * p, grid[2] * p))
         return patchify(x, self.cfg), grid
 
 
 def patchify(x: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """float32 [C, H, W] -> [patches, C * T * P * P] in the processor's order (merged units
-    row-major, 2x2 patches inside, the still frame repeated over the temporal patch)."""
+    """float32 [C, H, W] (or [n, C, H, W]: the frames' patches back to back) -> [patches,
+    C * T * P * P] in the processor's order (merged units row-major, 2x2 patches inside, the
+    still frame repeated over the temporal patch)."""
     v = cfg.vision
-    c, h, w = x.shape
+    x = x.reshape(-1, *x.shape[-3:])
+    n, c, h, w = x.shape
     p, m, t = v.patch_size, v.spatial_merge_size, v.temporal_patch_size
     gh, gw = h // p, w // p
-    x = x.reshape(c, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
-    x = x[:, :, :, :, :, None].expand(-1, -1, -1, -1, -1, t, -1, -1)
-    return x.reshape(gh * gw, c * t * p * p)
+    x = x.reshape(n, c, gh // m, m, p, gw // m, m, p).permute(0, 2, 5, 3, 6, 1, 4, 7)
+    x = x[:, :, :, :, :, :, None].expand(-1, -1, -1, -1, -1, -1, t, -1, -1)
+    return x.reshape(n * gh * gw, c * t * p * p)

@@ -113,6 +113,13 @@ def rescale_normalize(
     """uint8 [..., C, H, W] -> float32: float64 multiply by 1/255, cast to float32, then
     ``(x - mean) / std`` in float32 per channel (the slow processor's order)."""
     x = (frames.to(torch.float64) * (1 / 255)).to(torch.float32)
-    m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
-    s = torch.tensor(std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    m, s = _channel_constants(tuple(mean), tuple(std), str(x.device))
     return (x - m) / s
+
+
+@lru_cache(maxsize=16)
+def _channel_constants(mean: tuple, std: tuple, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 [C, 1, 1] mean and std on ``device``, uploaded once."""
+    m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device)
+    s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device)
+    return m, s

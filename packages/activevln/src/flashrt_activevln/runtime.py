@@ -224,21 +224,40 @@ class Engine:
         room = self.opt.max_new_tokens - len(row.reply) - 1
         return self.trie.draft(row.node, min(self.opt.grammar_tree_budget, max(room, 0)))
 
+    def _pixels(self, frames: list[np.ndarray], dev: torch.device):
+        """The step's new frames -> (pixel_values pieces on ``dev`` in row order, one grid per
+        frame). ``gpu_preprocess``: each run of consecutive frames of one size is uploaded and
+        preprocessed as one batch."""
+        pix, grids = [], []
+        if not self.opt.gpu_preprocess:
+            for frame in frames:
+                pv, grid = self.proc.preprocess_cpu(frame)
+                pix.append(pv.to(dev))
+                grids.append(grid)
+            return pix, grids
+        i = 0
+        while i < len(frames):
+            j = i + 1
+            while j < len(frames) and frames[j].shape == frames[i].shape:
+                j += 1
+            batch = torch.from_numpy(np.stack(frames[i:j])).to(dev)
+            pv, grid = self.proc.gpu_preprocess_batch(batch)
+            pix.append(pv)
+            grids.extend([grid] * (j - i))
+            i = j
+        return pix, grids
+
     def _step(self, rows: list[_Row | None], out: list[Reply]) -> None:
         dev = self.model.device
         clock = StageClock(dev)
-        turns, pix, grids = {}, [], []
+        turns, frames = {}, []
         for r, row in enumerate(rows):
             if row is not None and row.starting:
                 frame = load_frame(row.episode.frames[row.frame])
-                if self.opt.gpu_preprocess:
-                    pv, grid = self.proc.gpu_preprocess(torch.from_numpy(frame).to(dev))
-                else:
-                    pv, grid = self.proc.preprocess_cpu(frame)
                 h, w = frame.shape[:2]
                 turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, h, w)
-                pix.append(pv.to(dev))
-                grids.append(grid)
+                frames.append(frame)
+        pix, grids = self._pixels(frames, dev)
         clock.mark()
         image = None
         if pix and self.opt.cuda_graphs:
