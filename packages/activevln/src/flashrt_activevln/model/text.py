@@ -152,6 +152,14 @@ def decoder_forward(
     if rope_kernel:
         cos, sin = cos[0].contiguous(), sin[0].contiguous()
     delta = None  # the last residual branch's output, added to x by the next norm
+
+    def attend_live(qp: torch.Tensor, i: int) -> torch.Tensor:
+        """Packed path: padded queries ``[b * q, nh, hd]`` over layer ``i``'s pool -> the live
+        tokens' outputs ``[1, live, nh, hd]``."""
+        a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
+                            att_lens, new_visible, extent, hd**-0.5, att_q, chain_lens)  # fmt: skip
+        return a.reshape(b * q, nh, hd)[live_index][None]
+
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         h, x = ops.add_norm(x, delta, w[p + "input_layernorm.weight"], eps)
@@ -162,10 +170,7 @@ def decoder_forward(
             qp = qs.new_zeros(b * q, nh, hd)  # padded query slots stay zero (never attended)
             ops.rope_append(qs, ks, vs, cos, sin, pool.k[i], pool.v[i], rows, slots, qp,
                             live_index, biases)  # fmt: skip
-            a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
-                                att_lens, new_visible, extent, hd**-0.5, att_q,
-                                chain_lens)  # fmt: skip
-            a = a.reshape(b * q, nh, hd)[live_index][None]
+            a = attend_live(qp, i)
         else:
             if fused:
                 sizes = (nh * hd, nkv * hd, nkv * hd)
@@ -186,10 +191,7 @@ def decoder_forward(
                 pool.k[i][rows, slots] = ks.transpose(1, 2)[0]
                 pool.v[i][rows, slots] = vs[0]
                 qp = qs.new_zeros(b * q, nh, hd).index_copy_(0, live_index, qs.transpose(1, 2)[0])
-                a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
-                                    att_lens, new_visible, extent, hd**-0.5, att_q,
-                                    chain_lens)  # fmt: skip
-                a = a.reshape(b * q, nh, hd)[live_index][None]
+                a = attend_live(qp, i)
         a = a.reshape(-1, t, nh * hd)
         delta = lin(a, w[p + "self_attn.o_proj.weight"], None, few)
         h, x = ops.add_norm(x, delta, w[p + "post_attention_layernorm.weight"], eps)
