@@ -260,7 +260,7 @@ def test_rope_qk_bad_inputs():
 
 
 def test_pdl_only_on_compiled_hopper_launches():
-    from flashrt_kernels.attention.gqa_kernels import pdl_supported
+    from flashrt_kernels.backends import pdl_supported
 
     assert not pdl_supported(torch.device("cpu"))
 

@@ -38,6 +38,15 @@ def device_capability(index: int = 0) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(index)
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Whether Triton kernels on ``device`` can use programmatic dependent launch: compiled (not
+    interpreted) kernels on a Hopper-or-newer GPU."""
+    if device.type != "cuda" or triton_interpreter_active():
+        return False
+    cap = device_capability(device.index if device.index is not None else 0)
+    return cap is not None and cap[0] >= 9
+
+
 def backend_runs_on(backend: str, device: torch.device) -> bool:
     """Whether ``backend`` can execute on ``device`` in this process."""
     if backend == "reference":

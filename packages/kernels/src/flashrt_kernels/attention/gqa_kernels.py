@@ -37,7 +37,7 @@ from flashrt_kernels.attention.splits import (
     split_plan,
     vector_align,
 )
-from flashrt_kernels.backends import device_capability, triton_interpreter_active
+from flashrt_kernels.backends import pdl_supported, triton_interpreter_active
 from flashrt_kernels.triton_helpers import cast_rne
 
 # Bound vs the reference, per dtype: probabilities rounded to the dtype (relative 2^-8 / 2^-11 of
@@ -296,14 +296,6 @@ def split_combine_kernel(
             o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
             tl.store(o_row + hh * stride_oh + d, _round_to(o, Out.dtype.element_ty, UPCAST),
                      mask=d < HEAD_DIM)  # fmt: skip
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled kernels on a Hopper-or-newer GPU."""
-    if device.type != "cuda" or triton_interpreter_active():
-        return False
-    cap = device_capability(device.index if device.index is not None else 0)
-    return cap is not None and cap[0] >= 9
 
 
 def launch_gqa_tiles(
