@@ -56,22 +56,12 @@ def swiglu(gate, up):
 
 
 @triton.jit
-def rne_bits(v):
-    """Round fp32 ``v`` (|v| < 2**23) to the nearest integer, ties to even, on the integer bits.
-
-    Safe whatever the kernel's fp-fusion setting: ``v`` is only reinterpreted, never added to,
-    so a product feeding it is rounded once as in torch. Returns int32.
-    """
-    bits = v.to(tl.uint32, bitcast=True)
-    e = ((bits >> 23) & 0xFF).to(tl.int32) - 127
-    mant = ((bits & 0x7FFFFF) | 0x800000).to(tl.int32)
-    shift = tl.minimum(tl.maximum(23 - e, 1), 24)
-    ip = mant >> shift
-    rem = mant & ((1 << shift) - 1)
-    half = 1 << (shift - 1)
-    up = (rem > half) | ((rem == half) & ((ip & 1) == 1))
-    r = tl.where(e < -1, 0, ip + up.to(tl.int32))
-    return tl.where((bits >> 31) != 0, -r, r)
+def rne_int(s):
+    """Round fp32 ``s`` (|s| < 2**22) to the nearest integer, ties to even, as int32: ``s + 1.5 *
+    2**23`` lies where the fp32 spacing is 1, so the add rounds and the low mantissa bits are
+    the integer. Two instructions. ``s`` must not be a bare product in a kernel compiled with fp
+    fusion (the add would become an FMA); the quantizers pass a clamped value."""
+    return (s + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
 
 
 @triton.jit
@@ -86,20 +76,25 @@ def quantize_tile(v, mask, FP8: tl.constexpr, NATIVE_FP8: tl.constexpr):
 
 
 @triton.jit
+def row_scale(amax, FP8: tl.constexpr):
+    """(scale, 1 / scale) of rows with absmax ``amax`` (floored at 2**-100): the code range's
+    top (448 for e4m3, 127 for int8) maps to the absmax."""
+    amax = tl.maximum(amax, 7.888609052210118e-31)  # 2**-100
+    top = 448.0 if FP8 else 127.0
+    return tl.div_rn(amax, top), tl.div_rn(tl.full(amax.shape, top, tl.float32), amax)
+
+
+@triton.jit
 def quantize_tile_amax(v, amax, FP8: tl.constexpr, NATIVE_FP8: tl.constexpr):
     """``quantize_tile`` given the rows' absmax (before the floor)."""
-    amax = tl.maximum(amax, 7.888609052210118e-31)  # 2**-100
+    scale, inv = row_scale(amax, FP8)
     if FP8:
-        scale = tl.div_rn(amax, 448.0)
-        inv = tl.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)
         s = tl.minimum(tl.maximum(v * inv[:, None], -448.0), 448.0)
         if NATIVE_FP8:
             q = s.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:
             q = fp32_to_e4m3_bits(s)
     else:
-        scale = tl.div_rn(amax, 127.0)
-        inv = tl.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax)
         s = tl.minimum(tl.maximum(v * inv[:, None], -127.0), 127.0)
-        q = rne_bits(s).to(tl.int8)
+        q = rne_int(s).to(tl.int8)
     return q, scale

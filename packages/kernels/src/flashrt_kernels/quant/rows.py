@@ -4,11 +4,15 @@ Ops (each ``exact`` against ``reference``, and each fused producer bit-identical
 kernels followed by ``quantize_rows``):
 - ``quantize_rows(x, fmt)``: per-row INT8 / FP8 e4m3 codes and fp32 scales;
 - ``rms_norm_quantize(x, weight, eps, fmt, residual=)``: ``norm.rms_norm`` then ``quantize_rows``
-  in one kernel (the RMSNorm arithmetic and launch shape are the norm kernel's, so the normalized
+  in one kernel (the RMSNorm arithmetic and column segments are the norm kernel's, so the normalized
   row is bit-identical to ``norm.rms_norm``'s output);
 - ``silu_mul(gate_up)``: SwiGLU of a gate|up row (``faithful`` vs ``reference.silu_mul``: the
   exponential may differ by an ulp; output within 2 bf16 ulp);
 - ``silu_mul_quantize(gate_up, fmt)``: ``silu_mul`` then ``quantize_rows``, one kernel.
+
+The producers' launch shape (bits-neutral: sums are pairwise trees, maxima exact) is the one
+measured fastest on the H200 (2026-12-04 sweep, docs/kernels/gemm.md): about 32 elements a
+thread, one row a program from 1024 columns up (``_producer_config``).
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ def _rms_norm_quantize_kernel(
     HAS_RESIDUAL: tl.constexpr, FP8: tl.constexpr, NATIVE: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    # The RMSNorm is norm.rms_norm's (normed_rows, its launch shape); then both column segments
+    # The RMSNorm is norm.rms_norm's (normed_rows, its segments); then both column segments
     # are quantized together.
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     row_ok = rows < n_rows
@@ -131,6 +135,18 @@ def _silu_mul_kernel(
         _store_codes(Q, S, rows, cols, mask, stride_q, to_f32(h), FP8, NATIVE)
     else:
         tl.store(Y + rows[:, None] * stride_y + cols[None, :], h, mask=mask)
+
+
+def _producer_config(width: int) -> tuple[int, int]:
+    """(ROWS, num_warps) for a row producer over ``width`` padded columns: about 32 elements a
+    thread, one row a program from 1024 columns up (both powers of two)."""
+
+    def pow2_floor(v: int) -> int:
+        return 1 << (max(v, 1).bit_length() - 1)
+
+    if width >= 1024:
+        return 1, min(16, pow2_floor(width // 1024))
+    return pow2_floor(1024 // width), 1
 
 
 def _row_config(n_cols: int) -> tuple[int, int, int]:
@@ -226,7 +242,8 @@ def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residu
         q.copy_(rq)
         s.copy_(rs)
     elif n:
-        block_a, block_b, rows, warps = norm_launch_config(k)
+        block_a, block_b, _, _ = norm_launch_config(k)
+        rows, warps = _producer_config(block_a + block_b)
         has_res = residual is not None
         _rms_norm_quantize_kernel[(triton.cdiv(n, rows),)](
             x, weight, residual if has_res else x, residual_out if has_res else x,
@@ -243,6 +260,8 @@ def _silu_launch(gu, y, q, s, fmt, quantize):
     if n == 0:
         return
     block_n, rows, warps = _row_config(i)
+    if quantize:
+        rows, warps = _producer_config(block_n)
     _silu_mul_kernel[(triton.cdiv(n, rows),)](
         gu, y if y is not None else gu, q if q is not None else gu, s if s is not None else gu,
         n, i, gu.stride(0), y.stride(0) if y is not None else 0,
