@@ -28,7 +28,7 @@ def test_bench_path_random_weights_float32():
     ref, fast, (same, n), opt = cli._compare(
         None, eps, "cpu", "float32", False, fast_overrides={"batch_size": 2}
     )
-    assert n == 4 and same == n
+    assert n == sum(len(e.frames) for e in eps) >= 4 and same == n
     assert fast["decode_forwards_per_reply"] * 2 <= ref["decode_forwards_per_reply"]
     assert set(ref["ms_per_frame"]) == {"preprocess", "vision", "prefill", "decode"}
 
