@@ -23,7 +23,7 @@ import triton.language as tl
 
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_choice, check_float, check_out, check_tensor
-from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
+from flashrt_kernels.norm.rms_norm import column_split
 from flashrt_kernels.norm.rms_norm import load_segment as norm_load_segment
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import quantize_tile, quantize_tile_amax, swiglu
@@ -242,7 +242,7 @@ def rms_norm_quantize(x, weight, eps: float = 1e-6, fmt: str = "int8", *, residu
         q.copy_(rq)
         s.copy_(rs)
     elif n:
-        block_a, block_b, _, _ = norm_launch_config(k)
+        block_a, block_b = column_split(k)
         rows, warps = _producer_config(block_a + block_b)
         has_res = residual is not None
         _rms_norm_quantize_kernel[(triton.cdiv(n, rows),)](
