@@ -6,6 +6,7 @@ from flashrt_kernels.gemm.fp8_linear import fp8_linear
 from flashrt_kernels.gemm.properties import PROPERTIES as PROPS
 from flashrt_kernels.gemm.w4a8 import w4a8_linear
 from flashrt_kernels.quant.int4 import quantize_int4
+from flashrt_kernels.quant.rows import quantize_rows
 
 for _name, _prop in PROPS.items():
     _base = _name.replace(".", "_")
@@ -73,6 +74,23 @@ def test_fp8_linear_bad_inputs():
         fp8_linear(xq, torch.ones(2), xq[:, :16], torch.ones(2))
 
 
+def test_fp8_linear_tile_fills_the_sms():
+    """Mid-size problems take the largest tile whose grid still fills one wave of SMs; the
+    bench's large problems keep 128 x 256."""
+    from flashrt_kernels.gemm.fp8_linear import SMS, TILES, tile_for
+
+    assert tile_for(4096, 6144) == "m128_n256"
+    assert tile_for(130, 22016) == "m64_n128"  # 128-row tiles would be half padding
+    assert tile_for(2816, 3840) == "m128_n128"
+    assert tile_for(352, 1280) == "m64_n64"  # 60 programs even at 64 x 128
+    for m in (65, 130, 256, 520, 1040, 2047):
+        for n in (1280, 2048, 2560, 5120, 22016):
+            name = tile_for(m, n)
+            bm, bn = TILES[name][:2]
+            if name != "m64_n64":
+                assert -(-m // bm) * -(-n // bn) >= SMS
+
+
 def test_few_rows_split_depends_on_k_alone():
     """The tile may follow M and N (it does not move bits); the split must not."""
     from flashrt_kernels.gemm.few_rows import TILES, launch_config, split_for, tile_for
@@ -130,13 +148,17 @@ def test_every_launch_candidate_is_faithful_and_batch_invariant(k):
     bound = 2.0**-8 * ref.abs() + k * 2.0**-22 * reference.abs_products(x, w)
     wq = quantize_int4(w.float())
     want4 = w4a8.w4a8_linear(x, wq, backend="reference")
-    first = None
+    w8, s8 = quantize_rows(w, "int8")
+    first = first8 = None
     for name, make in few_rows.CANDIDATES.items():
         cfg = make(k)
         y = linear(x, w, config=cfg)
         assert ((y.double() - ref).abs() <= bound).all(), name
         first = y if first is None else first
         assert torch.equal(y, first), f"{name}: tiles must not change the bits"
+        y8 = linear(x[:16], w8, s8, config=cfg)  # W8A16: the same K order for int8 weights
+        first8 = y8 if first8 is None else first8
+        assert torch.equal(y8, first8), f"{name}: tiles must not change the W8A16 bits"
         for lo, hi in ((7, 9), (0, 24), (40, 64)):  # 1 and 2 row tiles per program; y took 4
             assert torch.equal(linear(x[lo:hi].contiguous(), w, config=cfg), y[lo:hi]), name
     for name, make in w4a8.CANDIDATES.items():

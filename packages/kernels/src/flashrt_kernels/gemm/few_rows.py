@@ -51,6 +51,7 @@ TILES = {
     "n32_k128_s3": (32, 128, 4, 3),
     "n64_k128": (64, 128, 4, 4),
     "n64_k64": (64, 64, 4, 4),
+    "n32_k256": (32, 256, 4, 4),
 }
 DEFAULT = "n32_k128"
 
@@ -70,9 +71,15 @@ def row_tiles_for(m: int) -> int:
     return 1 if m <= BLOCK_M else 2 if m <= 2 * BLOCK_M else 4
 
 
-def tile_for(k: int, n: int, m: int) -> str:
-    """The tile measured fastest on the H200 (2026-12-03 sweep, docs/kernels/gemm.md) for bf16
-    weights; the default outside the measured range (N < 4096 or N > 32768, 17-32 rows)."""
+def tile_for(k: int, n: int, m: int, weight_dtype=torch.bfloat16) -> str:
+    """The tile measured fastest on the H200 (docs/kernels/gemm.md): for bf16 weights the
+    2026-12-03 sweep, the default outside its range (N < 4096 or N > 32768, 17-32 rows); for
+    int8 / fp8 weights (W8A16) the 2026-12-04 sweep at M <= 16 (wide N: 64 columns, else 256-wide
+    K tiles, which read as many bytes a step as the bf16 tiles), the default above 16 rows."""
+    if weight_dtype != torch.bfloat16:
+        if m > BLOCK_M:
+            return DEFAULT
+        return "n64_k128" if n >= 16384 else "n32_k256"
     if n < 4096 or n > 32768 or BLOCK_M < m <= 2 * BLOCK_M:
         return DEFAULT
     if m > 2 * BLOCK_M:  # 4 row tiles: wider columns read the activations fewer times
@@ -84,10 +91,10 @@ def tile_for(k: int, n: int, m: int) -> str:
 
 def launch_config(k: int, n: int | None = None, m: int = 1, weight_dtype=torch.bfloat16) -> dict:
     """Tile and split: the split is a function of K only; the tile (bits-neutral) is chosen by
-    ``tile_for`` for bf16 weights when N is given, else the default tile."""
-    if n is None or weight_dtype != torch.bfloat16:
+    ``tile_for`` when N is given, else the default tile."""
+    if n is None:
         return _tile_config(DEFAULT, k)
-    return _tile_config(tile_for(k, n, m), k)
+    return _tile_config(tile_for(k, n, m, weight_dtype), k)
 
 
 @triton.jit

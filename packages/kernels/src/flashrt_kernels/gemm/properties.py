@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from flashrt_kernels.gemm import reference
 from flashrt_kernels.gemm.few_rows import linear, linear_gate_up_swiglu, linear_qkv
 from flashrt_kernels.gemm.fp8_linear import ACTIVATIONS, fp8_linear
+from flashrt_kernels.gemm.fp8_linear import TILES as FP8_TILES
+from flashrt_kernels.gemm.fp8_linear import launch_config as fp8_launch_config
 from flashrt_kernels.gemm.w4a8 import w4a8_linear
 from flashrt_kernels.quant import quantize_rows, silu_mul
 from flashrt_kernels.quant.int4 import quantize_int4
@@ -169,16 +171,18 @@ def _fp8_cases(scale: str):
     if scale == "small":
         m, k, n = sizes(1, 80), sizes(1, 160), sizes(1, 80)
     else:
-        m = st.sampled_from((1, 64, 129, 2048))
+        m = st.sampled_from((1, 64, 129, 520, 2048))
         k, n = st.sampled_from((1152, 2048, 4096)), st.sampled_from((1152, 4304, 6144))
     return st.fixed_dictionaries(
         {"m": m, "k": k, "n": n, "act": st.sampled_from(ACTIVATIONS), "bias": st.booleans(),
-         "residual": st.booleans(), "wide_out": st.booleans(), "seed": seeds()}
+         "residual": st.booleans(), "wide_out": st.booleans(), "seed": seeds(),
+         "tile": st.sampled_from((None, *FP8_TILES))}
     )  # fmt: skip
 
 
 def _fp8_examples(scale: str):
-    base = {"act": "gelu_tanh", "bias": True, "residual": True, "wide_out": True, "seed": 2}
+    base = {"act": "gelu_tanh", "bias": True, "residual": True, "wide_out": True, "seed": 2,
+            "tile": None}  # fmt: skip
     pts = [(1, 1, 1), (65, 129, 33), (64, 128, 64)] if scale == "small" else [(2048, 4096, 6144)]
     return [{**base, "m": m, "k": k, "n": n} for m, k, n in pts]
 
@@ -195,8 +199,9 @@ def _check_fp8(case) -> None:
     res = make_values("normal", (m, n), torch.bfloat16, s + 3, device) if case["residual"] else None
     buf = poisoned_empty((m, n + 8 if case["wide_out"] else n), torch.bfloat16, device)
     out = buf[:, 4 : 4 + n] if case["wide_out"] else buf
+    cfg = None if case["tile"] is None else fp8_launch_config(m, n, k, case["tile"])
     y = fp8_linear(xq, xs, wq, ws, bias=bias, residual=res, activation=case["act"], out=out,
-                   backend="triton")  # fmt: skip
+                   backend="triton", config=cfg)  # fmt: skip
     want = reference.fp8_linear(xq, xs, wq, ws, bias, case["act"], res)
     sabs = reference.abs_products(xq.float(), wq.float()) * xs.double()[:, None] * ws.double()
     err = (y.double() - want.double()).abs()
