@@ -38,6 +38,12 @@ def device_capability(index: int = 0) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(index)
 
 
+@functools.cache
+def sm_count(index: int = 0) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (grid sizing)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def pdl_supported(device: torch.device) -> bool:
     """Whether Triton kernels on ``device`` can use programmatic dependent launch: compiled (not
     interpreted) kernels on a Hopper-or-newer GPU."""

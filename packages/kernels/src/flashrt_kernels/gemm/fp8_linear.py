@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_kernels.backends import resolve_backend
+from flashrt_kernels.backends import resolve_backend, sm_count
 from flashrt_kernels.checks import check_choice, check_tensor
 from flashrt_kernels.gemm import reference
 from flashrt_kernels.triton_helpers import cast_rne
@@ -33,7 +33,7 @@ TILES = {
     "m128_n128": (128, 128, 8, 3),
     "m128_n256": (128, 256, 8, 3),
 }
-SMS = 132  # the H200's SM count: a tile is chosen so its grid fills about one wave
+SMS = 132  # the H200's SM count (the default of ``tile_for``; launches pass their device's)
 
 
 def tile_for(m: int, n: int, sms: int = SMS) -> str:
@@ -52,10 +52,10 @@ def tile_for(m: int, n: int, sms: int = SMS) -> str:
     return "m64_n64"
 
 
-def launch_config(m: int, n: int, k: int, tile: str | None = None) -> dict:
-    """Launch parameters of ``tile`` (default ``tile_for(m, n)``); no tile changes the contract
-    (tensor-core order within the bound either way)."""
-    bm, bn, warps, stages = TILES[tile or tile_for(m, n)]
+def launch_config(m: int, n: int, k: int, tile: str | None = None, sms: int = SMS) -> dict:
+    """Launch parameters of ``tile`` (default ``tile_for(m, n, sms)``); no tile changes the
+    contract (tensor-core order within the bound either way)."""
+    bm, bn, warps, stages = TILES[tile or tile_for(m, n, sms)]
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": warps,
             "num_stages": stages}  # fmt: skip
 
@@ -138,7 +138,8 @@ def fp8_linear(xq, xs, wq, ws, *, bias=None, residual=None, activation: str = "n
         return out
     if m == 0 or n == 0:
         return out
-    cfg = dict(config or launch_config(m, n, k))
+    sms = sm_count(dev.index or 0) if dev.type == "cuda" else SMS  # (interpreter: CPU tensors)
+    cfg = dict(config or launch_config(m, n, k, sms=sms))
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _fp8_linear_kernel[grid](
         xq, xs, wq, ws, bias if bias is not None else xs, residual if residual is not None else out,

@@ -30,6 +30,7 @@ from importlib import resources
 import numpy as np
 import torch
 
+from flashrt_kernels.backends import sm_count
 from flashrt_kernels.topk import state as st
 
 SHORT_MAX = 32768  # rows up to this many elements are searched in one block's shared memory
@@ -105,11 +106,6 @@ def _stream(device_index: int, handle: int):
         return cupy.cuda.ExternalStream(handle, device_index)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def plan(b: int, n: int, device: torch.device, split: int | None = None) -> tuple[int, int, int]:
     """(S, chunk, short_max): blocks per row of the multi-block path, elements per block, and
     the longest row the finishing block searches alone in shared memory. S = 0: every row fits
@@ -118,7 +114,7 @@ def plan(b: int, n: int, device: torch.device, split: int | None = None) -> tupl
         return 0, 0, n
     short_max = SHORT_MAX if split is None else 0
     if split is None:
-        split = math.ceil(BLOCKS_PER_SM * _sm_count(device.index or 0) / max(b, 1))
+        split = math.ceil(BLOCKS_PER_SM * sm_count(device.index or 0) / max(b, 1))
     split = max(1, min(split, math.ceil(max(n, 1) / TILE), 1024))
     chunk = math.ceil(math.ceil(max(n, 1) / split) / TILE) * TILE
     return math.ceil(max(n, 1) / chunk), chunk, short_max

@@ -21,13 +21,12 @@ not supported.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import triton
 
-from flashrt_kernels.backends import triton_interpreter_active
+from flashrt_kernels.backends import sm_count, triton_interpreter_active
 from flashrt_kernels.topk import kernels as kn
 from flashrt_kernels.topk import reference
 from flashrt_kernels.topk import state as st
@@ -35,11 +34,6 @@ from flashrt_kernels.topk import state as st
 _WORKSPACES: dict[tuple, dict[str, torch.Tensor]] = {}
 ROUNDS = 2  # counting rounds of the multi-program path (round 0 guesses, round 1 refines)
 RMAX = 2  # round slots in the workspace (a power of two >= ROUNDS)
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def capacity(k: int) -> int:
@@ -53,7 +47,7 @@ def plan(b: int, n: int, device: torch.device, split: int | None = None):
     if triton_interpreter_active() or device.type != "cuda":
         block, warps, min_chunk, target = 128, 4, 128, 8
     else:
-        block, warps, min_chunk, target = 1024, 4, 4096, 2 * _sm_count(device.index or 0)
+        block, warps, min_chunk, target = 1024, 4, 4096, 2 * sm_count(device.index or 0)
     if split is None:  # one program per row up to 2 min_chunk; else enough to fill the GPU
         split = 1 if n <= 2 * min_chunk else min(math.ceil(target / max(b, 1)), n // min_chunk)
         split = max(1, split)
