@@ -9,7 +9,9 @@ Builds an engine over in-memory random weights (grammar-constrained decoding, as
 benchmark does), replays the timed set once to warm up (kernel compilation, cuBLAS heuristics,
 and every CUDA graph the timed replay needs: its token buckets are then all captured), then
 replays it again under ``torch.profiler`` and prints: frames/s and ms per frame by
-stage, GPU busy time against wall time, and the top operators by GPU time and by CPU time.
+stage, GPU busy time against wall time, the top operators by GPU time and by CPU time, and
+where the GPU idled (``flashrt_activevln.idle``: the gaps by what ended them, and the CUDA
+graph launches' host time by graph size).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +42,7 @@ def main() -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from flashrt_activevln import idle
     from flashrt_activevln.cli import _parse_overrides
     from flashrt_activevln.data import synthetic_episodes
     from flashrt_activevln.engine_setup import random_engine, run_replay
@@ -77,8 +81,11 @@ def main() -> int:
         events.table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=60)
     )
     print(events.table(sort_by="cpu_time_total", row_limit=args.top, max_name_column_width=60))
-    if args.trace:
-        prof.export_chrome_trace(args.trace)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = args.trace or str(Path(tmp) / "trace.json")
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            print(idle.report(json.load(f)["traceEvents"]))
     return 0
 
 
