@@ -30,12 +30,10 @@ def _device_events(events: list[dict]) -> list[dict]:
     return sorted(out, key=lambda e: e["ts"])
 
 
-def _graph_correlations(events: list[dict]) -> set:
-    return {
-        _correlation(e)
-        for e in events
-        if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch" and _correlation(e) is not None
-    }
+def _graph_calls(events: list[dict]) -> list[dict]:
+    """The ``cudaGraphLaunch`` host calls, in time order."""
+    calls = [e for e in events if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch"]
+    return sorted(calls, key=lambda e: e["ts"])
 
 
 def cause(event: dict, graph_ids: set) -> str:
@@ -56,7 +54,7 @@ def idle_gaps(events: list[dict], min_gap_us: float = 5.0) -> dict:
     causes = {c: {"gaps": 0, "idle_us": 0.0} for c in CAUSES}
     if not dev:
         return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "causes": causes}
-    graph_ids = _graph_correlations(events)
+    graph_ids = {_correlation(e) for e in _graph_calls(events)} - {None}
     start, end, idle = dev[0]["ts"], dev[0]["ts"] + dev[0]["dur"], 0.0
     for e in dev[1:]:
         gap = e["ts"] - end
@@ -77,12 +75,8 @@ def graph_launches(events: list[dict]) -> list[dict]:
     for e in _device_events(events):
         if e.get("cat") == "kernel":
             kernels.setdefault(_correlation(e), []).append(e)
-    calls = sorted(
-        (e for e in events if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch"),
-        key=lambda e: e["ts"],
-    )
     out = []
-    for call in calls:
+    for call in _graph_calls(events):
         ks = kernels.get(_correlation(call), [])
         first = min((k["ts"] for k in ks), default=None)
         out.append({

@@ -52,7 +52,7 @@ def tile_for(m: int, n: int, sms: int = SMS) -> str:
     return "m64_n64"
 
 
-def launch_config(m: int, n: int, k: int, tile: str | None = None, sms: int = SMS) -> dict:
+def launch_config(m: int, n: int, tile: str | None = None, sms: int = SMS) -> dict:
     """Launch parameters of ``tile`` (default ``tile_for(m, n, sms)``); no tile changes the
     contract (tensor-core order within the bound either way)."""
     bm, bn, warps, stages = TILES[tile or tile_for(m, n, sms)]
@@ -139,7 +139,7 @@ def fp8_linear(xq, xs, wq, ws, *, bias=None, residual=None, activation: str = "n
     if m == 0 or n == 0:
         return out
     sms = sm_count(dev.index or 0) if dev.type == "cuda" else SMS  # (interpreter: CPU tensors)
-    cfg = dict(config or launch_config(m, n, k, sms=sms))
+    cfg = dict(config or launch_config(m, n, sms=sms))
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _fp8_linear_kernel[grid](
         xq, xs, wq, ws, bias if bias is not None else xs, residual if residual is not None else out,
