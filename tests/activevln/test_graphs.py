@@ -1,5 +1,5 @@
-"""CUDA graphs (``graphs.py``): a captured and replayed decode step gives the eager step's logits
-and greedy choices bit for bit (bf16, the fast kernels: batch-invariant linears and the pool
+"""CUDA graphs (``graphs.py``): a captured and replayed decode step (with the previous step's
+commit and image rows) gives the eager step's logits and greedy choices bit for bit (bf16, the fast kernels: batch-invariant linears and the pool
 attention kernel, whose bits depend on neither the padded query count nor the row count), for
 the capturing call and for a replay with other inputs; the replayed vision tower gives the eager
 tower's embeddings bit for bit."""
@@ -24,13 +24,17 @@ def _step(cfg, b, q, seed):
     g = torch.Generator().manual_seed(seed)
     q_lens = torch.randint(1, q + 1, (b,), generator=g)
     q_lens[0] = q
-    lengths = torch.randint(0, 40, (b,), generator=g)
+    lengths = torch.randint(8, 40, (b,), generator=g)
     ids = torch.randint(0, cfg.text.vocab_size, (b, q), generator=g)
     pos = (lengths[:, None] + torch.arange(q))[None].expand(3, b, q).contiguous()
     vis = torch.rand(b, q, q, generator=g) < 0.5
     vis |= torch.eye(q, dtype=torch.bool)
     vis &= torch.ones(q, q, dtype=torch.bool).tril()
-    return {"ids": ids, "pos": pos, "lengths": lengths, "vis": vis, "q_lens": q_lens}
+    img = torch.zeros(b, q, dtype=torch.bool)
+    img[0, 1:4] = True  # row 0 carries three image rows
+    moves = [(r, int(lengths[r]) - 5, [1, 3]) for r in range(b)]  # the last step's commit
+    return {"ids": ids, "pos": pos, "lengths": lengths, "vis": vis, "q_lens": q_lens,
+            "img": img}, moves  # fmt: skip
 
 
 def _pad(x, q_b, tokens, max_verify):
@@ -38,6 +42,8 @@ def _pad(x, q_b, tokens, max_verify):
     b, q = x["ids"].shape
     ids = torch.zeros(b, q_b, dtype=torch.long)
     ids[:, :q] = x["ids"]
+    image_index = torch.full((b, q_b), -1, dtype=torch.long)
+    image_index[:, :q][x["img"]] = torch.arange(int(x["img"].sum()))
     pos = torch.zeros(3, b, q_b, dtype=torch.long)
     pos[:, :, :q] = x["pos"]
     vis = torch.eye(q_b, dtype=torch.bool).repeat(b, 1, 1)
@@ -48,42 +54,58 @@ def _pad(x, q_b, tokens, max_verify):
     live = torch.cat([live, free.expand(tokens - live.numel())])
     verify = [r * q_b + j for r in range(b) for j in range(int(lens[r]))]
     verify += [0] * (max_verify - len(verify))
-    return {"ids": ids, "pos": pos, "lengths": x["lengths"], "vis": vis, "q_lens": lens,
-            "live": live, "verify": torch.tensor(verify)}  # fmt: skip
+    return {"ids": ids, "image_index": image_index, "pos": pos, "lengths": x["lengths"],
+            "vis": vis, "q_lens": lens, "live": live, "verify": torch.tensor(verify)}  # fmt: skip
 
 
-@pytest.mark.gpu
-def test_captured_decode_step_is_bit_identical_to_eager(tiny64):
-    dev = torch.device("cuda")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_captured_decode_step_is_bit_identical_to_eager(tiny64, device):
+    """The captured step (the last step's commit, the embedding with image rows, the decoder,
+    the LM head, the choices) against the same work done eagerly with the direct commit and
+    the masked-scatter embedding, for the capturing call and for a replay (on the CPU the
+    bucketed step runs eagerly in float64: the padding and the in-step commit checked)."""
+    from flashrt_activevln.staging import Staging
+
+    dev = torch.device(device)
     cfg = tiny64[0]
-    model = _cuda_model(tiny64, Ops(rms_norm="kernel", attention="gqa",
-                                    decode_linear="batch_invariant"))  # fmt: skip
+    if device == "cpu":
+        model = Qwen25VL(cfg, tiny64[1], Ops())
+    else:
+        model = _cuda_model(tiny64, Ops(rms_norm="kernel", attention="gqa",
+                                        decode_linear="batch_invariant"))  # fmt: skip
     b, q = 3, 9
     pool = model.new_pool(b, 128)
     torch.manual_seed(0)
     pool.k.normal_()
     pool.v.normal_()
-    max_verify = b * q
-    graphs = StepGraphs(model, pool, max_verify, None, greedy=True)
+    max_verify, max_moves = b * q, 2 * b + 3
+    graphs = StepGraphs(model, pool, Staging(dev), max_verify, max_moves, None, True, 8)
     for seed in (1, 2):  # the capturing call, then a replay with other inputs
-        x = _step(cfg, b, q, seed)
+        x, moves = _step(cfg, b, q, seed)
+        image = torch.randn(3, cfg.text.hidden_size, device=dev).to(model.dtype)
         tokens, q_b = buckets(int(x["q_lens"].sum()), q, b)
-        padded = {k: v.to(dev) for k, v in _pad(x, q_b, tokens, max_verify).items()}
+        host = _pad(x, q_b, tokens, max_verify)
+        host["move_src"], host["move_dst"] = (torch.from_numpy(a)
+                                              for a in pool.move_slots(moves, max_moves))  # fmt: skip
         k0, v0 = pool.k.clone(), pool.v.clone()
-        got_logits, got_choices = graphs.run(
-            model.embed(padded["ids"]), {k: v for k, v in padded.items() if k != "ids"}, 40 + q_b
-        )
+        got_logits, got_choices = graphs.run(host, 40 + q_b, image)
+        got_k = pool.k.clone()
         pool.k.copy_(k0)
         pool.v.copy_(v0)
+        pool.commit(moves)
         e = {k: v.to(dev) for k, v in x.items()}
         live = (torch.arange(q, device=dev)[None] < e["q_lens"][:, None]).reshape(-1)
         live = live.nonzero()[:, 0]
-        hidden = model.decode(model.embed(e["ids"]), e["pos"], pool, e["lengths"], e["vis"],
-                              e["q_lens"], 40 + q, live)  # fmt: skip
+        embeds = model.embed(e["ids"], image, e["img"])
+        hidden = model.decode(embeds, e["pos"], pool, e["lengths"], e["vis"], e["q_lens"],
+                              40 + q, live)  # fmt: skip
         want = model.logits(hidden.reshape(b * q, -1)[live])
         n = live.numel()
         assert torch.equal(got_logits[:n], want), seed
         assert torch.equal(got_choices[:n], want.argmax(-1)), seed
+        for r in range(b):  # the committed prefix as the direct commit left it
+            lo = int(x["lengths"][r])
+            assert torch.equal(got_k[:, r, :lo], pool.k[:, r, :lo]), (seed, r)
 
 
 @pytest.mark.gpu

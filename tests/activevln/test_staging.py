@@ -59,3 +59,24 @@ def test_one_upload_round_trips_and_reuses_its_buffers():
 def test_device_tensors_are_refused():
     with pytest.raises(ValueError, match="host tensor"):
         Staging("cpu").upload({"x": torch.zeros(2, device="meta")})
+
+
+@pytest.mark.gpu
+def test_upload_into_a_destination_buffer():
+    """``dest``: the bytes land in the caller's buffer (a graph's static inputs) at the layout's
+    offsets, the same every time for the same inputs; a buffer too small is refused."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    st = Staging("cuda")
+    host = _inputs(0, 9)
+    spans, total = layout(host)
+    dest = torch.zeros(total, dtype=torch.uint8, device="cuda")
+    for seed in (1, 2):
+        host = _inputs(seed, 9)
+        out = st.upload(host, dest=dest)
+        want = views(dest, host, spans)
+        for k, t in host.items():
+            assert out[k].data_ptr() == want[k].data_ptr(), k
+            assert torch.equal(want[k].cpu(), t), (seed, k)
+    with pytest.raises(ValueError, match="at least"):
+        st.upload(host, dest=dest[: total - 16])

@@ -1,18 +1,23 @@
 """CUDA graphs of the text step, one per token bucket, and of the vision tower, one per list of
 image grids (the ``cuda_graphs`` option).
 
-A step's text work is the packed decoder forward over its live tokens (``packed_prefill``), the
-LM head over the verified positions and the greedy choice. Its shapes are the live token count
-``T``, the padded query count ``Q`` and the verified count ``R``; the graph for a step is the
-one of its buckets ``(T_b, Q_b)`` (``buckets``) with ``R`` padded to its fixed maximum
-(every row's chain token plus a full tree). The first step of a bucket runs the work once
-eagerly (compilation, library workspaces), captures it, and replays it; later steps of that
-bucket only copy their inputs into the graph's static buffers and replay.
+A step's text work (``step_forward``) is the previous step's incremental KV commit, the token
+embedding with the step's image rows scattered in, the packed decoder forward over the live
+tokens (``packed_prefill``), the LM head over the verified positions and the greedy choice: all
+of it inside the graph, so nothing runs eagerly between a step's host read and its graph but the
+copy of the vision tower's output into the graphs' image buffer. Its shapes are the live token
+count ``T``, the padded query count ``Q``, the verified count ``R`` and the move count; the graph
+for a step is the one of its buckets ``(T_b, Q_b)`` (``buckets``) with ``R`` and the moves
+padded to their fixed maxima (every row's chain token plus a full tree; a full tree's depth of
+moves per row). The first step of a bucket runs the work once eagerly (compilation, library
+workspaces), captures it, and replays it; later steps of that bucket copy their inputs from the
+host straight into the graph's static input buffer (one transfer) and replay.
 
 Padding: the extra ``T_b - T`` live-index entries all name one position that is not live (it
 exists whenever padding is needed, since ``T_b <= B * Q_b``), so they write K/V only past that
 row's live extent (never read) and the output at that position is unspecified; padded verified
-positions repeat position 0 and their choices are ignored. Graphs hold the addresses of the KV
+positions repeat position 0 and their choices are ignored; padded moves repeat a real move (or
+copy slot 0 onto itself). Graphs hold the addresses of the KV
 pool and of the model's weights, so they belong to one pool (``Engine`` drops them with it).
 On a CPU there is nothing to capture: the bucketed step runs eagerly (so the tests check the
 padding on the CPU reference path).
@@ -26,9 +31,9 @@ import torch
 
 from flashrt_activevln.model.ops import FEW_QUERIES
 from flashrt_activevln.speculation import greedy_choices
+from flashrt_activevln.staging import layout, views
 
 TOKEN_BUCKET = 64
-GRAPH_INPUTS = ("pos", "lengths", "vis", "q_lens", "live", "verify", "after", "chain")
 
 
 def next_pow2(x: int) -> int:
@@ -108,56 +113,104 @@ class VisionGraphs:
         return out["embeds"]
 
 
+def step_forward(model, pool, x: dict, image, extent: int, children, greedy: bool):
+    """One text step from its device inputs ``x`` (``Engine._inputs``' names): the previous
+    step's incremental commit (``move_src`` / ``move_dst``, when present), the embedding with the
+    image rows scattered in (``image`` [N, H] or None), the decoder over the KV pool, the LM head
+    over the verified positions and, when ``greedy``, the greedy choices (among each verified
+    position's grammar children when ``children`` is the trie's table). Fixed shapes and no host
+    read: the eager step and the captured one run this same code. -> (logits, choices or None)."""
+    if "move_src" in x:
+        pool.move(x["move_src"], x["move_dst"])
+    b, q = x["ids"].shape
+    embeds = model.embed_step(x["ids"], x["image_index"], image)
+    hidden = model.decode(
+        embeds, x["pos"], pool, x["lengths"], x["vis"], x.get("q_lens"), extent, x.get("live"),
+        x.get("chain"),
+    )  # fmt: skip
+    logits = model.logits(hidden.reshape(b * q, -1)[x["verify"]])
+    if not greedy:
+        return logits, None
+    allowed = None if children is None else children[x["after"]]
+    return logits, greedy_choices(logits, allowed)
+
+
 class _Graph:
-    def __init__(self, rows: int, queries: int, inputs: dict[str, torch.Tensor]):
-        self.rows, self.queries, self.inputs = rows, queries, inputs
-        self.graph = torch.cuda.CUDAGraph() if inputs["embeds"].is_cuda else None
+    """One bucket's graph and its static inputs: every input is a view of one device buffer at
+    the offsets ``staging.layout`` gives the names in sorted order, so a step's inputs arrive
+    with the step's one host-to-device copy straight into the buffer the graph reads."""
+
+    def __init__(self, host: dict[str, torch.Tensor], device: torch.device):
+        self.names = tuple(host)
+        self.graph = self.buffer = self.inputs = None
+        if device.type == "cuda":
+            spans, total = layout(host)
+            self.graph = torch.cuda.CUDAGraph()
+            self.buffer = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+            self.inputs = views(self.buffer, host, spans)
         self.logits: torch.Tensor | None = None
         self.choices: torch.Tensor | None = None
 
 
 class StepGraphs:
-    """Captured text steps of one engine and one KV pool."""
+    """Captured text steps of one engine and one KV pool. ``image`` is the static buffer the
+    step's image rows are copied into (``image_rows`` rows, grown on demand, which drops the
+    graphs that hold its old address)."""
 
-    def __init__(self, model, pool, max_verify: int, children: torch.Tensor | None, greedy: bool):
-        self.model, self.pool = model, pool
-        self.max_verify = max_verify
+    def __init__(self, model, pool, staging, max_verify: int, max_moves: int,
+                 children: torch.Tensor | None, greedy: bool, image_rows: int = 0):  # fmt: skip
+        self.model, self.pool, self.staging = model, pool, staging
+        self.max_verify, self.max_moves = max_verify, max_moves
         self.children = children  # the trie's children table on the device (constrained)
         self.greedy = greedy
+        hidden = model.cfg.text.hidden_size
+        self.image = torch.zeros(image_rows, hidden, dtype=model.dtype, device=model.device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.capture_seconds = 0.0  # eager first runs and captures of new buckets
         self.mempool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
 
     def _work(self, g: _Graph, extent: int) -> None:
-        x, b, q_b = g.inputs, g.rows, g.queries
-        hidden = self.model.decode(
-            x["embeds"], x["pos"], self.pool, x["lengths"], x["vis"], x["q_lens"], extent,
-            x["live"], x.get("chain"),
-        )  # fmt: skip
-        g.logits = self.model.logits(hidden.reshape(b * q_b, -1)[x["verify"]])
-        if self.greedy:
-            allowed = None if self.children is None else self.children[x["after"]]
-            g.choices = greedy_choices(g.logits, allowed)
+        image = self.image if self.image.shape[0] else None  # (growing it drops the graphs)
+        g.logits, g.choices = step_forward(
+            self.model, self.pool, g.inputs, image, extent, self.children, self.greedy
+        )
 
-    def run(self, embeds: torch.Tensor, dv: dict[str, torch.Tensor], extent: int):
-        """``embeds`` [B, Q_b, H] and the step's device inputs at bucket shapes (``dv``: pos,
-        lengths, vis, q_lens, live, verify, after) -> (logits [R_max, V], choices [R_max] or
+    def _set_image(self, image: torch.Tensor) -> None:
+        n = image.shape[0]
+        if n > self.image.shape[0]:
+            self.image = torch.zeros(n, self.image.shape[1], dtype=self.image.dtype,
+                                     device=self.image.device)  # fmt: skip
+            self.graphs.clear()
+        self.image[:n].copy_(image)
+
+    def run(self, host: dict[str, torch.Tensor], extent: int, image: torch.Tensor | None = None):
+        """The step's host inputs at bucket shapes (``Engine._inputs``: ids, image_index, pos,
+        lengths, vis, q_lens, live, verify, and after / chain / move_src / move_dst where the
+        engine uses them) and its image rows (or None) -> (logits [R_max, V], choices [R_max] or
         None), static tensors valid until the next call."""
-        b, q_b = embeds.shape[:2]
-        key = (dv["live"].numel(), q_b)
+        host = {k: host[k] for k in sorted(host)}
+        b, q_b = host["ids"].shape
+        if image is not None:
+            self._set_image(image)
+        key = (host["live"].numel(), q_b)
         g = self.graphs.get(key)
         fresh = g is None
         if fresh:
-            inputs = {k: torch.empty_like(v) for k, v in dv.items()}
-            inputs["embeds"] = torch.empty_like(embeds)
-            g = _Graph(b, q_b, inputs)
-        for k, v in dv.items():
-            g.inputs[k].copy_(v)
-        g.inputs["embeds"].copy_(embeds)
-        if embeds.device.type != "cuda":  # nothing to capture: the bucketed step runs eagerly
+            g = _Graph(host, self.image.device)
+        elif g.names != tuple(host):
+            raise ValueError(f"StepGraphs.run: inputs {list(host)}, the graph has {list(g.names)}")
+        x = self.staging.upload(host, dest=g.buffer)
+        if g.graph is None:  # a CPU: nothing to capture, the bucketed step runs eagerly
+            g.inputs = x
             self.graphs[key] = g
             self._work(g, extent)
             return g.logits, g.choices
+        for name, t in x.items():
+            if t.shape != g.inputs[name].shape:
+                raise ValueError(
+                    f"StepGraphs.run: {name} {tuple(t.shape)} in the bucket of "
+                    f"{tuple(g.inputs[name].shape)}"
+                )
         if fresh:
             self.capture_seconds += _capture(g.graph, self.mempool, lambda: self._work(g, extent))
             self.graphs[key] = g
@@ -169,10 +222,9 @@ class StepGraphs:
                     chains: bool = False) -> int:  # fmt: skip
         """Captures every bucket of ``bucket_list`` not captured yet, over placeholder inputs of
         the bucket's shapes (query lengths that fill ``T_b``, KV lengths 0: the K/V they write
-        lie past every row's committed prefix, never read). Returns how many were captured."""
+        lie past every row's committed prefix, never read; no image rows; the moves copy slot 0
+        onto itself). Returns how many were captured."""
         b = self.pool.k.shape[1]
-        dev = self.pool.k.device
-        hidden = self.model.cfg.text.hidden_size
         new = 0
         for t_b, q_b in bucket_list:
             if (t_b, q_b) in self.graphs:
@@ -181,6 +233,8 @@ class StepGraphs:
             q_lens[: t_b % b] += 1
             live = (torch.arange(q_b)[None] < q_lens[:, None]).reshape(-1).nonzero()[:, 0]
             host = {
+                "ids": torch.zeros(b, q_b, dtype=torch.long),
+                "image_index": torch.full((b, q_b), -1, dtype=torch.long),
                 "pos": torch.zeros(3, b, q_b, dtype=torch.long),
                 "lengths": torch.zeros(b, dtype=torch.long),
                 "vis": torch.eye(q_b, dtype=torch.bool).repeat(b, 1, 1),
@@ -192,8 +246,9 @@ class StepGraphs:
                 host["after"] = torch.zeros(self.max_verify, dtype=torch.long)
             if chains:
                 host["chain"] = q_lens.clone()
-            dv = {k: v.to(dev) for k, v in host.items()}
-            embeds = torch.zeros(b, q_b, hidden, dtype=self.model.dtype, device=dev)
-            self.run(embeds, dv, q_b)
+            if self.max_moves:
+                host["move_src"] = torch.zeros(self.max_moves, dtype=torch.long)
+                host["move_dst"] = torch.zeros(self.max_moves, dtype=torch.long)
+            self.run(host, q_b)
             new += 1
         return new

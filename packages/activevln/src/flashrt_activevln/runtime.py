@@ -7,12 +7,14 @@ slot 0; nothing is cleared, since a row's query never sees a slot past its own t
 One forward per step for all rows: a row that starts a turn feeds its pending tokens and the turn
 (prefill: its frame's vision embeddings scattered into the image tokens); a row inside a reply
 feeds its last token. Either way the row's draft tree (grammar trie, ``grammar_tree_budget``
-nodes) rides along after it; the accepted nodes' K/V are then moved down behind the committed
-prefix (incremental commit: only the accepted nodes are copied).
+nodes) rides along after it; the accepted nodes' K/V are moved down behind the committed prefix
+at the start of the next step's forward (incremental commit: only the accepted nodes are copied,
+inside the next step's graph with ``cuda_graphs``; the last step's at the end of ``replay``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import deque
@@ -21,14 +23,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from flashrt_activevln.frames import FrameFeed, Loaded, load_frame
 from flashrt_activevln.grammar import GrammarTrie, Node, parse_actions
-from flashrt_activevln.graphs import GRAPH_INPUTS, StepGraphs, VisionGraphs, all_buckets, buckets
+from flashrt_activevln.graphs import (
+    StepGraphs,
+    VisionGraphs,
+    all_buckets,
+    buckets,
+    step_forward,
+)
 from flashrt_activevln.model import Ops, Qwen25VL
 from flashrt_activevln.presets import Options
 from flashrt_activevln.processor import ActiveVLNProcessor
 from flashrt_activevln.speculation import (
     constrain,
-    greedy_choices,
     sample_plain,
     verify_greedy,
     verify_sample,
@@ -96,15 +104,6 @@ class Stats:
         }
 
 
-def load_frame(frame) -> np.ndarray:
-    if isinstance(frame, np.ndarray):
-        return frame
-    from PIL import Image
-
-    with Image.open(frame) as im:
-        return np.array(im.convert("RGB"))
-
-
 class Engine:
     def __init__(self, model: Qwen25VL, processor: ActiveVLNProcessor, options: Options):
         self.model, self.proc, self.opt = model, processor, options
@@ -119,7 +118,9 @@ class Engine:
         self.on_reply = None  # optional callback(Reply)
         self._children: torch.Tensor | None = None  # the trie's children table, on the device
         self.graphs: StepGraphs | None = None  # captured text steps of the current pool
+        self._moves: list = []  # the last step's KV commit, applied by the next step's forward
         self.vision_graphs = VisionGraphs(model)
+        self.frames: FrameFeed | None = None  # the running replay's frame loader
 
     @staticmethod
     def ops_for(options: Options) -> Ops:
@@ -154,6 +155,7 @@ class Engine:
 
     def _ensure_pool(self, need: int) -> None:
         if self.pool is None or self.pool.capacity < need:
+            self._flush_moves()
             self.pool, self.graphs = None, None
             self.pool = self.model.new_pool(self.opt.batch_size, need)
 
@@ -167,8 +169,10 @@ class Engine:
         _, queries, sizes = self._extents(episodes)
         self._ensure_pool(capacity or self.capacity(episodes))
         b = self.opt.batch_size
-        if self.graphs is None:
-            self.graphs = self._new_graphs()
+        merge = self.model.cfg.vision.spatial_merge_size**2
+        image_rows = b * max(math.prod(self.proc.grid(h, w)) // merge for h, w in sizes)
+        if self.graphs is None or self.graphs.image.shape[0] < image_rows:
+            self.graphs = self._new_graphs(image_rows)
         chains = self.opt.attention_kernel == "gqa_invariant"
         new = self.graphs.capture_all(all_buckets(b, queries), self.opt.constrain_to_grammar,
                                       chains)  # fmt: skip
@@ -183,11 +187,17 @@ class Engine:
                     new += 1
         return new
 
-    def _new_graphs(self) -> StepGraphs:
+    def _new_graphs(self, image_rows: int = 0) -> StepGraphs:
         children = self._allowed_table() if self.opt.constrain_to_grammar else None
-        verify = self.opt.batch_size * (1 + self.opt.grammar_tree_budget)
-        return StepGraphs(self.model, self.pool, verify, children,
-                          greedy=not self.sampling.do_sample)  # fmt: skip
+        b, budget = self.opt.batch_size, self.opt.grammar_tree_budget
+        return StepGraphs(self.model, self.pool, self.staging, b * (1 + budget), b * budget,
+                          children, not self.sampling.do_sample, image_rows)  # fmt: skip
+
+    def _flush_moves(self) -> None:
+        """Applies the last step's pending KV commit now (at the end of a replay)."""
+        if self.pool is not None and self._moves:
+            self.pool.commit(self._moves)
+        self._moves = []
 
     def release_row(self, row: int) -> None:
         """Called when a row's episode ends (a hook for tests)."""
@@ -208,39 +218,62 @@ class Engine:
                     idx, ep = queue.popleft()
                     g = torch.Generator().manual_seed(self.opt.seed * 100003 + idx)
                     rows[r] = _Row(ep, seed=idx, node=self.trie.root, generator=g)
+            for row in rows:  # every row's next frame, and the first of the next waiting episodes
+                if row is not None:
+                    feed.want(row.episode, row.frame + (0 if row.starting else 1))
+            for _, ep in itertools.islice(queue, b):
+                feed.want(ep, 0)
 
-        fill()
-        while any(rows):
-            self._step(rows, out)
-            for r in range(b):
-                row = rows[r]
-                if row is not None and row.frame == len(row.episode.frames):
-                    rows[r] = None
-                    self.release_row(r)
+        with self._feed() as feed:
+            self.frames = feed
             fill()
+            while any(rows):
+                self._step(rows, out)
+                for r in range(b):
+                    row = rows[r]
+                    if row is not None and row.frame == len(row.episode.frames):
+                        rows[r] = None
+                        self.release_row(r)
+                fill()
+        self.frames = None
+        self._flush_moves()
         return out
+
+    def _feed(self) -> FrameFeed:
+        """The replay's frame loader: frames pinned for a non-blocking upload when the GPU
+        preprocesses them, run through the CPU processor on its workers when it does not."""
+        if not self.opt.gpu_preprocess:
+            return FrameFeed(prepare=self.proc.preprocess_cpu)
+        return FrameFeed(pinned=self.model.device.type == "cuda")
 
     def _drafts(self, row: _Row) -> tuple[list[Node], list[int]]:
         room = self.opt.max_new_tokens - len(row.reply) - 1
         return self.trie.draft(row.node, min(self.opt.grammar_tree_budget, max(room, 0)))
 
-    def _pixels(self, frames: list[np.ndarray], dev: torch.device):
+    def _pixels(self, frames: list[Loaded], dev: torch.device):
         """The step's new frames -> (pixel_values pieces on ``dev`` in row order, one grid per
-        frame). ``gpu_preprocess``: each run of consecutive frames of one size is uploaded and
-        preprocessed as one batch."""
+        frame). ``gpu_preprocess``: each run of consecutive frames of one size is uploaded (from
+        pinned memory, non-blocking, on a GPU) and preprocessed as one batch; else the frames
+        come preprocessed by the CPU processor on the feed's workers."""
         pix, grids = [], []
         if not self.opt.gpu_preprocess:
             for frame in frames:
-                pv, grid = self.proc.preprocess_cpu(frame)
+                pv, grid = frame.data
                 pix.append(pv.to(dev))
                 grids.append(grid)
             return pix, grids
         i = 0
+        size = [(f.height, f.width) for f in frames]
         while i < len(frames):
             j = i + 1
-            while j < len(frames) and frames[j].shape == frames[i].shape:
+            while j < len(frames) and size[j] == size[i]:
                 j += 1
-            batch = torch.from_numpy(np.stack(frames[i:j])).to(dev)
+            if dev.type == "cuda":
+                batch = torch.empty((j - i, *size[i], 3), dtype=torch.uint8, device=dev)
+                for k in range(i, j):
+                    batch[k - i].copy_(frames[k].data, non_blocking=True)
+            else:
+                batch = torch.from_numpy(np.stack([f.data for f in frames[i:j]]))
             pv, grid = self.proc.gpu_preprocess_batch(batch)
             pix.append(pv)
             grids.extend([grid] * (j - i))
@@ -253,9 +286,10 @@ class Engine:
         turns, frames = {}, []
         for r, row in enumerate(rows):
             if row is not None and row.starting:
-                frame = load_frame(row.episode.frames[row.frame])
-                h, w = frame.shape[:2]
-                turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, h, w)
+                frame = self.frames.take(row.episode, row.frame)
+                self.frames.want(row.episode, row.frame + 1)  # loaded while this step runs
+                turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, frame.height,
+                                          frame.width)  # fmt: skip
                 frames.append(frame)
         pix, grids = self._pixels(frames, dev)
         clock.mark()
@@ -292,35 +326,30 @@ class Engine:
             chain_pos.append(pos)
             drafts.append(self._drafts(row))
         host, verified = self._inputs(rows, turns, chains, chain_pos, drafts)
-        dv = self.staging.upload(host)  # the step's one host-to-device copy
-        embeds = self.model.embed(dv["ids"], image, dv["img"])
+        self._moves = []  # applied by this step's forward
         extent = int(host["lengths"].max()) + host["ids"].shape[1]  # from the host: no read
+        greedy = not self.sampling.do_sample
         if self.opt.cuda_graphs:
             if self.graphs is None:
                 self.graphs = self._new_graphs()
             before = (len(self.graphs.graphs), self.graphs.capture_seconds)
-            logits, choices = self.graphs.run(
-                embeds, {k: dv[k] for k in GRAPH_INPUTS if k in dv}, extent
-            )
+            logits, choices = self.graphs.run(host, extent, image)  # one host-to-device copy
             self.stats.graph_captures += len(self.graphs.graphs) - before[0]
             self.stats.capture_seconds += self.graphs.capture_seconds - before[1]
         else:
-            hidden = self.model.decode(
-                embeds, dv["pos"], self.pool, dv["lengths"], dv["vis"], dv.get("q_lens"),
-                extent, dv.get("live"), dv.get("chain"),
-            )  # fmt: skip
-            flat = hidden.reshape(-1, hidden.shape[-1])
-            logits = self.model.logits(flat[dv["verify"]])
-            choices = None
-            if not self.sampling.do_sample:
-                allowed = self._allowed(dv["after"]) if "after" in dv else None
-                choices = greedy_choices(logits, allowed)
+            dv = self.staging.upload(host)  # the step's one host-to-device copy
+            children = self._allowed_table() if "after" in dv else None
+            logits, choices = step_forward(
+                self.model, self.pool, dv, image, extent, children, greedy
+            )
         self.stats.forwards += 1
         clock.mark()  # before the step's host read, so that read completes it
         if choices is not None:
             choices = choices[:verified].tolist()  # the step's one host read
         t_read = time.perf_counter()
-        allowed = self._allowed(dv["after"]) if "after" in dv and choices is None else None
+        allowed = None
+        if "after" in host and choices is None:
+            allowed = self._allowed(host["after"].to(dev))
         moves, at = [], 0
         for r, row in enumerate(rows):
             if row is not None:
@@ -333,8 +362,8 @@ class Engine:
                         picked = constrain(picked, allowed[at : at + n])
                 moves.append(self._verify(r, row, chains[r], drafts[r], picked, out))
                 at += n
-        self.pool.commit(moves)
-        tail = time.perf_counter() - t_read  # acceptance and the commit's launches, on the host
+        self._moves = moves  # committed at the start of the next forward (or by ``replay``)
+        tail = time.perf_counter() - t_read  # acceptance, on the host
         pre, vis, text = clock.spans()
         s = self.stats.seconds
         s["preprocess"] += pre
@@ -380,7 +409,14 @@ class Engine:
                 verify += [r * q + c - 1] + [r * q + c + i for i in range(n)]
                 after += [rows[r].node] + nodes
         lengths = np.array([row.length if row else 0 for row in rows], dtype=np.int64)
-        host = {"ids": ids_t, "pos": pos_t, "lengths": lengths, "vis": vis, "img": img_mask}
+        image_index = np.full((b, q), -1, dtype=np.int64)
+        image_index[img_mask] = np.arange(int(img_mask.sum()))  # the image rows in row order
+        host = {"ids": ids_t, "image_index": image_index, "pos": pos_t, "lengths": lengths,
+                "vis": vis}  # fmt: skip
+        size = b * self.opt.grammar_tree_budget if self.opt.cuda_graphs else None
+        src, dst = self.pool.move_slots(self._moves, size)
+        if src.size:
+            host["move_src"], host["move_dst"] = src, dst
         verified = len(verify)
         if self.opt.cuda_graphs:  # fixed verified count: every row's chain token and a full tree
             verify += [0] * (b * (1 + self.opt.grammar_tree_budget) - verified)

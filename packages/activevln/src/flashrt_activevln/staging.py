@@ -70,17 +70,29 @@ class Staging:
             self._dev = torch.empty(size, dtype=torch.uint8, device=self.device)
         return self._host, self._dev
 
-    def upload(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Host tensors -> device tensors (same names, shapes, dtypes, contents)."""
+    def upload(
+        self, tensors: dict[str, torch.Tensor], dest: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Host tensors -> device tensors (same names, shapes, dtypes, contents): views of the
+        staging device buffer, or of ``dest`` (a uint8 device tensor of at least the packed
+        size, e.g. a CUDA graph's static inputs: then the same tensors in the same order give
+        views at the same offsets every time)."""
         for name, t in tensors.items():
             if t.device.type != "cpu":
                 raise ValueError(f"Staging.upload: {name!r} must be a host tensor, got {t.device}")
         if self.device.type == "cpu":
             return dict(tensors)
         spans, total = layout(tensors)
+        if dest is not None and (dest.dtype != torch.uint8 or dest.numel() < total):
+            raise ValueError(
+                f"Staging.upload: dest must be a uint8 tensor of at least {total} bytes, got "
+                f"{dest.dtype} x {dest.numel()}"
+            )
         if self._done is not None:
             self._done.synchronize()  # the previous step's copy has left the host buffer
         host, dev = self._buffers(max(total, 1))
+        if dest is not None:
+            dev = dest
         pack(host, tensors, spans)
         dev[:total].copy_(host[:total], non_blocking=True)
         self._done = torch.cuda.Event()

@@ -52,6 +52,18 @@ class Qwen25VL:
             x = x.masked_scatter(mask[..., None], image_embeds.to(x.dtype))
         return x
 
+    def embed_step(
+        self, ids: torch.Tensor, image_index: torch.Tensor, image: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``embed`` with fixed shapes and no host read (it runs inside a captured step): ids
+        [B, Q]; ``image_index`` [B, Q] names the row of ``image`` [N, H] each image slot takes,
+        -1 elsewhere (a token's embedding). The same values as ``embed`` with that slot mask."""
+        x = self.w["model.embed_tokens.weight"][ids]
+        if image is None:
+            return x
+        take = image[image_index.clamp_min(0)].to(x.dtype)
+        return torch.where((image_index >= 0)[..., None], take, x)
+
     def decode(
         self, embeds, positions, pool, lengths, new_visible, q_lens=None, extent=None,
         live_index=None, chain_lens=None,

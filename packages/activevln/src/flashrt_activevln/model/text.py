@@ -9,6 +9,7 @@ are never seen, so whatever an earlier episode left there cannot reach the outpu
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from flashrt_activevln.config import TextConfig
@@ -57,23 +58,46 @@ class KVPool:
         self.k[layer].scatter_(1, idx, k)
         self.v[layer].scatter_(1, idx, v)
 
+    def move_slots(
+        self, moves: list[tuple[int, int, list[int]]], size: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The flat slot indices (``row * capacity + slot``, int64) of a step's incremental
+        commit: for each ``(row, start, accepted)`` the accepted new slots ``start + accepted[i]``
+        (ascending) move to ``start + i``; slots already in place are left out. ``size``: pad to
+        that many moves (a fixed shape for a CUDA graph) by repeating the first move, or with slot
+        0 onto itself when there is none: the pads change no slot."""
+        c = self.capacity
+        src = [
+            row * c + start + a for row, start, acc in moves for i, a in enumerate(acc) if a != i
+        ]
+        dst = [
+            row * c + start + i for row, start, acc in moves for i, a in enumerate(acc) if a != i
+        ]
+        if size is not None:
+            if len(src) > size:
+                raise ValueError(f"KVPool.move_slots: {len(src)} moves for a size of {size}")
+            pad = (src[0], dst[0]) if src else (0, 0)
+            src += [pad[0]] * (size - len(src))
+            dst += [pad[1]] * (size - len(dst))
+        return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copies flat slot ``src[i]`` to ``dst[i]`` in every layer (``move_slots``'s indices, on
+        the pool's device): all sources are gathered before anything is written, so the moves may
+        overlap; a slot named twice as a destination must get the same source slot. No host read
+        and fixed shapes: it runs inside a captured step."""
+        n, r, c = self.k.shape[0], self.k.shape[1], self.k.shape[2]
+        for pool in (self.k, self.v):
+            flat = pool.view(n, r * c, *pool.shape[3:])
+            flat.index_copy_(1, dst, flat.index_select(1, src))
+
     def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
-        """Incremental commit of a step: for each ``(row, start, accepted)`` the accepted new slots
-        ``start + accepted[i]`` (ascending) move to ``start + i``, in every layer. Slots already in
-        place are not copied and nothing else is touched; all rows' moves are one gather and one
-        scatter (the gather completes first, so overlapping moves are safe)."""
-        rows, src, dst = [], [], []
-        for row, start, accepted in moves:
-            for i, a in enumerate(accepted):
-                if a != i:
-                    rows.append(row)
-                    src.append(start + a)
-                    dst.append(start + i)
-        if not rows:
-            return
-        r, s, d = torch.tensor([rows, src, dst]).to(self.k.device, non_blocking=True)
-        self.k[:, r, d] = self.k[:, r, s]
-        self.v[:, r, d] = self.v[:, r, s]
+        """The incremental commit of ``moves`` (``move_slots``) now: only the accepted slots that
+        are not in place are copied, nothing else is touched."""
+        src, dst = self.move_slots(moves)
+        if src.size:
+            idx = torch.from_numpy(np.stack([src, dst])).to(self.k.device)
+            self.move(idx[0], idx[1])
 
 
 def visibility(lengths: torch.Tensor, new_visible: torch.Tensor, extent: int) -> torch.Tensor:
