@@ -157,3 +157,59 @@ def test_graphs_captured_ahead_give_the_same_replies(tiny64):
         if ahead:
             assert eng.stats.graph_captures == 0
     assert replies[0] == replies[1]
+
+
+def test_frames_through_the_vision_graph_give_the_same_replies(make_engine, tiny64):
+    """With cuda_graphs and gpu_preprocess the frames go through ``VisionGraphs.run_frames``
+    (the preprocessing in front of the tower; eager on the CPU): the same replies as the
+    preprocessed pixels through the tower, float64."""
+    from flashrt_activevln.data import synthetic_episodes
+    from flashrt_activevln.presets import preset
+
+    episodes = synthetic_episodes(3, seed=4, mean_frames=3, height=60, width=80, min_frames=2)
+    replies = []
+    for graphs in (False, True):
+        opt = preset("reference", dtype="float64", batch_size=2, grammar_tree_budget=8,
+                     constrain_to_grammar=True, packed_prefill=True, attention_kernel="gqa",
+                     gpu_preprocess=True, cuda_graphs=graphs, max_new_tokens=16)  # fmt: skip
+        eng = make_engine(tiny64, opt)
+        if graphs:
+            eng.vision_graphs.run = None  # the frames path must not fall back to pixels
+        replies.append({(r.episode, r.frame): r.tokens for r in eng.replay(episodes)})
+    assert replies[0] == replies[1]
+
+
+@pytest.mark.gpu
+def test_replayed_frames_graph_is_bit_identical_to_eager(tiny64):
+    """``run_frames``: uint8 frames copied into the graph, preprocessed and run through the tower
+    inside it, against the eager preprocessing and tower, for the capture and a replay."""
+    from flashrt_activevln.frames import pinned_copy
+
+    cfg, _, proc = tiny64
+    model = _cuda_model(tiny64, Ops(rms_norm="kernel", vision_attention="segmented"))
+    graphs = VisionGraphs(model, proc)
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        frames = [torch.randint(0, 256, (60, 80, 3), generator=g, dtype=torch.uint8)
+                  for _ in range(3)]  # fmt: skip
+        got, grid = graphs.run_frames([pinned_copy(f.numpy()) for f in frames])
+        pixels, want_grid = proc.gpu_preprocess_batch(torch.stack(frames).cuda())
+        assert grid == want_grid
+        assert torch.equal(got, model.vision(pixels, [grid] * 3)), seed
+
+
+def test_capture_splits_are_even():
+    from flashrt_activevln.graphs import splits
+
+    assert splits(36, 4) == {8, 17, 26}
+    assert splits(32, 4) == {7, 15, 23}
+    assert splits(2, 4) == {0}
+    assert splits(5, 1) == frozenset()
+    for layers in range(1, 40):
+        for pieces in range(1, 6):
+            cuts = sorted(splits(layers, pieces))
+            bounds = [-1, *cuts, layers - 1]
+            sizes = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+            size = -(-layers // pieces)  # every piece but the last holds this many layers
+            assert sizes[:-1] == [size] * (len(sizes) - 1), (layers, pieces, sizes)
+            assert 0 < sizes[-1] <= size and len(sizes) <= pieces, (layers, pieces, sizes)

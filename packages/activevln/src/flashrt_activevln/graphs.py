@@ -26,6 +26,7 @@ padding on the CPU reference path).
 from __future__ import annotations
 
 import time
+from functools import cache
 
 import torch
 
@@ -34,6 +35,8 @@ from flashrt_activevln.speculation import greedy_choices
 from flashrt_activevln.staging import layout, views
 
 TOKEN_BUCKET = 64
+TEXT_PIECES = 4  # graphs per text step: the GPU starts on the first while the host submits the rest
+VISION_PIECES = 4  # graphs per vision tower replay
 
 
 def next_pow2(x: int) -> int:
@@ -66,67 +69,134 @@ def all_buckets(rows: int, max_queries: int) -> list[tuple[int, int]]:
     return sorted(found, key=lambda k: (k[1], k[0]))
 
 
-def _capture(graph: torch.cuda.CUDAGraph, pool, work) -> float:
-    """Runs ``work`` once eagerly on a side stream (kernel compilation, library workspaces, the
-    caches it fills), then captures it into ``graph``; returns the seconds it took."""
+def splits(layers: int, pieces: int) -> frozenset[int]:
+    """The layers after which a capture of ``layers`` layers in ``pieces`` pieces cuts (the
+    pieces as even as the count allows)."""
+    size = -(-layers // max(1, pieces))
+    return frozenset(range(size - 1, layers - 1, size))
+
+
+@cache
+def _capture_stream(device: int) -> torch.cuda.Stream:
+    """One capture stream per device for every capture (its library workspaces made once)."""
+    return torch.cuda.Stream(device)
+
+
+def _capture(pieces: list, pool, work, cuts: frozenset[int] = frozenset()) -> float:
+    """Runs ``work(cut)`` once eagerly on the capture stream (kernel compilation, library
+    workspaces, the caches it fills), then captures it into the CUDA graphs ``pieces`` in turn: ``work``
+    calls ``cut(i)`` at each point where a piece may end, and the capture moves on to the next
+    piece at the points in ``cuts`` (``len(cuts) == len(pieces) - 1``). Replaying the pieces in
+    order replays the work; the GPU starts on the first piece while the host still submits the
+    later ones. Captured in thread-local mode: the frame feed's workers may allocate pinned
+    memory meanwhile. Returns the seconds it took."""
+    if len(cuts) != len(pieces) - 1:
+        raise ValueError(f"_capture: {len(pieces)} pieces need {len(pieces) - 1} cuts, got {cuts}")
     t0 = time.perf_counter()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        work()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph, pool=pool):
-        work()
+    stream = _capture_stream(torch.cuda.current_device())
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        work(lambda i: None)
+    torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    at = [0]
+
+    def cut(i: int) -> None:
+        if i in cuts:
+            pieces[at[0]].capture_end()
+            at[0] += 1
+            pieces[at[0]].capture_begin(pool, capture_error_mode="thread_local")
+
+    with torch.cuda.stream(stream):
+        pieces[0].capture_begin(pool, capture_error_mode="thread_local")
+        work(cut)
+        pieces[at[0]].capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    if at[0] != len(pieces) - 1:
+        raise RuntimeError(f"_capture: the work cut {at[0] + 1} pieces, expected {len(pieces)}")
     return time.perf_counter() - t0
 
 
 class VisionGraphs:
-    """The vision tower replayed from one CUDA graph per list of image grids (frames of one size:
-    one graph per image count). Graphs hold only the weights' addresses and the model's cached
-    vision plans, so they outlive KV pools. On a CPU the tower runs eagerly."""
+    """The vision tower replayed from one CUDA graph per list of image grids (``run``), or per
+    count and size of uint8 frames with the GPU preprocessing captured in front of it
+    (``run_frames``, with the processor's ``gpu_preprocess_batch``). Graphs hold
+    only the weights' addresses and the model's cached vision plans, so they outlive KV pools.
+    On a CPU the work runs eagerly."""
 
-    def __init__(self, model):
-        self.model = model
-        self.graphs: dict[tuple, tuple] = {}  # grids -> (graph, pixel buffer, output holder)
+    def __init__(self, model, processor=None):
+        self.model, self.processor = model, processor
+        self.graphs: dict[tuple, tuple] = {}  # key -> (graph, input buffer, output holder)
         self.mempool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
         self.capture_seconds = 0.0
+
+    def _replay(self, key, example: torch.Tensor, work, fill) -> torch.Tensor:
+        """``work(buf, after_block)`` from the graph pieces of ``key`` (captured on the first
+        call), after ``fill(buf)`` has written the step's input into the static buffer."""
+        entry = self.graphs.get(key)
+        if entry is None:
+            buf, out = torch.empty_like(example), {}
+            fill(buf)
+            cuts = splits(self.model.cfg.vision.depth, VISION_PIECES)
+            pieces = [torch.cuda.CUDAGraph() for _ in range(len(cuts) + 1)]
+            self.capture_seconds += _capture(
+                pieces, self.mempool, lambda cut: out.update(x=work(buf, cut)), cuts
+            )
+            entry = self.graphs[key] = (pieces, buf, out)
+        pieces, buf, out = entry
+        fill(buf)
+        for piece in pieces:
+            piece.replay()
+        return out["x"]
 
     def run(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
         """Merged image embeddings (a static tensor, valid until the next call)."""
         if not pixels.is_cuda:
             return self.model.vision(pixels, grids)
         key = tuple(tuple(g) for g in grids)
-        entry = self.graphs.get(key)
-        if entry is None:
-            buf, out = pixels.clone(), {}
+        return self._replay(key, pixels, lambda buf, cut: self.model.vision(buf, grids, cut),
+                            lambda buf: buf.copy_(pixels))  # fmt: skip
 
-            def work():
-                out["embeds"] = self.model.vision(buf, grids)
+    def _frames_work(self, frames: torch.Tensor, cut=None) -> tuple[torch.Tensor, tuple]:
+        pixels, grid = self.processor.gpu_preprocess_batch(frames)
+        return self.model.vision(pixels, [grid] * frames.shape[0], cut), grid
 
-            graph = torch.cuda.CUDAGraph()
-            self.capture_seconds += _capture(graph, self.mempool, work)
-            entry = self.graphs[key] = (graph, buf, out)
-        graph, buf, out = entry
-        buf.copy_(pixels)
-        graph.replay()
-        return out["embeds"]
+    def run_frames(self, frames: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """uint8 [H, W, 3] host frames of one size (pinned: their copies are non-blocking) ->
+        (the frames' merged image embeddings back to back, a static tensor valid until the next
+        call; the grid of one frame). Each frame is copied straight into the graph's input."""
+        h, w = frames[0].shape[:2]
+        dev = self.model.device
+        if dev.type != "cuda":
+            return self._frames_work(torch.stack([torch.as_tensor(f) for f in frames]).to(dev))
+
+        def fill(buf):
+            for k, f in enumerate(frames):
+                buf[k].copy_(f, non_blocking=True)
+
+        key = ("frames", len(frames), h, w)
+        example = torch.empty((len(frames), h, w, 3), dtype=torch.uint8, device=dev)
+        out = self._replay(key, example, lambda buf, cut: self._frames_work(buf, cut)[0], fill)
+        return out, self.processor.grid(h, w)
 
 
-def step_forward(model, pool, x: dict, image, extent: int, children, greedy: bool):
+def step_forward(model, pool, x: dict, image, extent: int, children, greedy: bool,
+                 after_layer=None):  # fmt: skip
     """One text step from its device inputs ``x`` (``Engine._inputs``' names): the previous
     step's incremental commit (``move_src`` / ``move_dst``, when present), the embedding with the
     image rows scattered in (``image`` [N, H] or None), the decoder over the KV pool, the LM head
     over the verified positions and, when ``greedy``, the greedy choices (among each verified
     position's grammar children when ``children`` is the trie's table). Fixed shapes and no host
-    read: the eager step and the captured one run this same code. -> (logits, choices or None)."""
+    read: the eager step and the captured one run this same code (``after_layer``: the decoder's
+    hook, where a capture may cut). -> (logits, choices or None)."""
     if "move_src" in x:
         pool.move(x["move_src"], x["move_dst"])
     b, q = x["ids"].shape
     embeds = model.embed_step(x["ids"], x["image_index"], image)
     hidden = model.decode(
         embeds, x["pos"], pool, x["lengths"], x["vis"], x.get("q_lens"), extent, x.get("live"),
-        x.get("chain"),
+        x.get("chain"), after_layer,
     )  # fmt: skip
     logits = model.logits(hidden.reshape(b * q, -1)[x["verify"]])
     if not greedy:
@@ -142,10 +212,10 @@ class _Graph:
 
     def __init__(self, host: dict[str, torch.Tensor], device: torch.device):
         self.names = tuple(host)
-        self.graph = self.buffer = self.inputs = None
+        self.pieces = self.buffer = self.inputs = None
         if device.type == "cuda":
             spans, total = layout(host)
-            self.graph = torch.cuda.CUDAGraph()
+            self.pieces = []  # the CUDA graphs, made at capture (``splits``)
             self.buffer = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
             self.inputs = views(self.buffer, host, spans)
         self.logits: torch.Tensor | None = None
@@ -169,10 +239,10 @@ class StepGraphs:
         self.capture_seconds = 0.0  # eager first runs and captures of new buckets
         self.mempool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
 
-    def _work(self, g: _Graph, extent: int) -> None:
+    def _work(self, g: _Graph, extent: int, cut=None) -> None:
         image = self.image if self.image.shape[0] else None  # (growing it drops the graphs)
         g.logits, g.choices = step_forward(
-            self.model, self.pool, g.inputs, image, extent, self.children, self.greedy
+            self.model, self.pool, g.inputs, image, extent, self.children, self.greedy, cut
         )
 
     def _set_image(self, image: torch.Tensor) -> None:
@@ -200,7 +270,7 @@ class StepGraphs:
         elif g.names != tuple(host):
             raise ValueError(f"StepGraphs.run: inputs {list(host)}, the graph has {list(g.names)}")
         x = self.staging.upload(host, dest=g.buffer)
-        if g.graph is None:  # a CPU: nothing to capture, the bucketed step runs eagerly
+        if g.pieces is None:  # a CPU: nothing to capture, the bucketed step runs eagerly
             g.inputs = x
             self.graphs[key] = g
             self._work(g, extent)
@@ -212,10 +282,15 @@ class StepGraphs:
                     f"{tuple(g.inputs[name].shape)}"
                 )
         if fresh:
-            self.capture_seconds += _capture(g.graph, self.mempool, lambda: self._work(g, extent))
+            cuts = splits(self.model.cfg.text.num_layers, TEXT_PIECES)
+            g.pieces = [torch.cuda.CUDAGraph() for _ in range(len(cuts) + 1)]
+            self.capture_seconds += _capture(
+                g.pieces, self.mempool, lambda cut: self._work(g, extent, cut), cuts
+            )
             self.graphs[key] = g
         # (the eager run's K/V writes are the same values the replay writes again)
-        g.graph.replay()
+        for piece in g.pieces:
+            piece.replay()
         return g.logits, g.choices
 
     def capture_all(self, bucket_list: list[tuple[int, int]], constrained: bool,

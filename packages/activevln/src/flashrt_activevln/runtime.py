@@ -119,7 +119,7 @@ class Engine:
         self._children: torch.Tensor | None = None  # the trie's children table, on the device
         self.graphs: StepGraphs | None = None  # captured text steps of the current pool
         self._moves: list = []  # the last step's KV commit, applied by the next step's forward
-        self.vision_graphs = VisionGraphs(model)
+        self.vision_graphs = VisionGraphs(model, processor)
         self.frames: FrameFeed | None = None  # the running replay's frame loader
 
     @staticmethod
@@ -181,7 +181,10 @@ class Engine:
         for h, w in sorted(sizes):
             grid = self.proc.grid(h, w)
             for k in range(1, b + 1):
-                if tuple([tuple(grid)] * k) not in vg.graphs:
+                if self.opt.gpu_preprocess and ("frames", k, h, w) not in vg.graphs:
+                    vg.run_frames([torch.zeros((h, w, 3), dtype=torch.uint8)] * k)
+                    new += 1
+                elif not self.opt.gpu_preprocess and tuple([tuple(grid)] * k) not in vg.graphs:
                     pix = torch.zeros(k * math.prod(grid), patch_dim, device=self.model.device)
                     vg.run(pix, [grid] * k)
                     new += 1
@@ -291,17 +294,21 @@ class Engine:
                 turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, frame.height,
                                           frame.width)  # fmt: skip
                 frames.append(frame)
-        pix, grids = self._pixels(frames, dev)
-        clock.mark()
-        image = None
-        if pix and self.opt.cuda_graphs:
-            vg = self.vision_graphs
-            before = (len(vg.graphs), vg.capture_seconds)
-            image = vg.run(torch.cat(pix), grids)
-            self.stats.graph_captures += len(vg.graphs) - before[0]
-            self.stats.capture_seconds += vg.capture_seconds - before[1]
-        elif pix:
-            image = self.model.vision(torch.cat(pix), grids)
+        image, vg = None, self.vision_graphs
+        before = (len(vg.graphs), vg.capture_seconds)
+        one_size = len({(f.height, f.width) for f in frames}) == 1
+        if self.opt.cuda_graphs and self.opt.gpu_preprocess and one_size:
+            clock.mark()  # preprocessing runs inside the vision graph: booked as vision
+            image, _ = vg.run_frames([f.data for f in frames])
+        else:
+            pix, grids = self._pixels(frames, dev)
+            clock.mark()
+            if pix and self.opt.cuda_graphs:
+                image = vg.run(torch.cat(pix), grids)
+            elif pix:
+                image = self.model.vision(torch.cat(pix), grids)
+        self.stats.graph_captures += len(vg.graphs) - before[0]
+        self.stats.capture_seconds += vg.capture_seconds - before[1]
         clock.mark()  # the host builds the text step's inputs while the GPU runs the vision tower
 
         chains, chain_pos, drafts = [], [], []

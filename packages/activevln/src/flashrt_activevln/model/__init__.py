@@ -30,12 +30,15 @@ class Qwen25VL:
     def new_pool(self, rows: int, capacity: int) -> KVPool:
         return KVPool(self.cfg.text, rows, capacity, self.dtype, self.device)
 
-    def vision(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+    def vision(
+        self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]], after_block=None
+    ) -> torch.Tensor:
         key = tuple(tuple(g) for g in grids)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = VisionPlan(self.cfg.vision, grids, self.device)
-        return vision_forward(self.w, self.cfg.vision, pixel_values.to(self.device), plan, self.ops)
+        pixels = pixel_values.to(self.device)
+        return vision_forward(self.w, self.cfg.vision, pixels, plan, self.ops, after_block)
 
     def embed(
         self,
@@ -66,14 +69,14 @@ class Qwen25VL:
 
     def decode(
         self, embeds, positions, pool, lengths, new_visible, q_lens=None, extent=None,
-        live_index=None, chain_lens=None,
+        live_index=None, chain_lens=None, after_layer=None,
     ) -> torch.Tensor:  # fmt: skip
         """``q_lens`` / ``live_index``: live tokens per row and their flat positions, for the
         packed forward; ``extent``: max(lengths) + Q known on the host; ``chain_lens``: each
-        row's leading causal queries, before its tree (``decoder_forward``)."""
+        row's leading causal queries, before its tree; ``after_layer``: a hook (``decoder_forward``)."""
         return decoder_forward(
             self.w, self.cfg.text, embeds, positions, pool, lengths, new_visible, self.ops,
-            q_lens, extent, live_index, chain_lens,
+            q_lens, extent, live_index, chain_lens, after_layer,
         )  # fmt: skip
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -124,6 +124,7 @@ def decoder_forward(
     extent: int | None = None,
     live_index: torch.Tensor | None = None,
     chain_lens: torch.Tensor | None = None,
+    after_layer=None,
 ) -> torch.Tensor:
     """embeds [B, Q, H], positions [3, B, Q] -> final-normed hidden states [B, Q, H].
 
@@ -135,7 +136,9 @@ def decoder_forward(
     ``live_index`` [T] int64: the live tokens' flat positions ``b * Q + i`` in order, when the
     caller has them on the host (else they are found on the device: a host read).
     ``chain_lens`` [B] (packed mode): row b's first ``chain_lens[b]`` live tokens are a causal
-    chain and the rest a tree over it (``Ops.attend_pool``'s invariant attention uses it)."""
+    chain and the rest a tree over it (``Ops.attend_pool``'s invariant attention uses it).
+    ``after_layer(i)``, when given, is called after layer ``i``'s work is issued (where a CUDA
+    graph capture may start its next piece)."""
     b, q, _ = embeds.shape
     if b != pool.k.shape[1]:
         raise ValueError(
@@ -228,6 +231,8 @@ def decoder_forward(
             u = lin(h, w[p + "mlp.up_proj.weight"], None, few)
             m = ops.swiglu(g, u)
         delta = lin(m, w[p + "mlp.down_proj.weight"], None, few)
+        if after_layer is not None:
+            after_layer(i)
     x, _ = ops.add_norm(x, delta, w["model.norm.weight"], eps)
     if live is None:
         return x

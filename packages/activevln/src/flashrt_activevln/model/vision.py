@@ -154,8 +154,11 @@ def vision_block(x, delta, w, p, cfg: VisionConfig, plan: VisionPlan, full: bool
 
 
 def vision_forward(
-    w: dict, cfg: VisionConfig, pixel_values: torch.Tensor, plan: VisionPlan, ops: Ops
-) -> torch.Tensor:
+    w: dict, cfg: VisionConfig, pixel_values: torch.Tensor, plan: VisionPlan, ops: Ops,
+    after_block=None,
+) -> torch.Tensor:  # fmt: skip
+    """The tower and merger; ``after_block(i)``, when given, is called after block ``i``'s work
+    is issued (where a CUDA graph capture may start its next piece)."""
     dtype = w["visual.patch_embed.proj.weight"].dtype
     proj = w["visual.patch_embed.proj.weight"].reshape(cfg.hidden_size, -1)
     x = ops.linear(pixel_values.to(dtype), proj)[plan.patch_perm]
@@ -163,6 +166,8 @@ def vision_forward(
     delta = None
     for i in range(cfg.depth):
         x, delta = vision_block(x, delta, w, f"visual.blocks.{i}.", cfg, plan, i in full, ops)
+        if after_block is not None:
+            after_block(i)
     x, _ = ops.add_norm(x, delta, w["visual.merger.ln_q.weight"], 1e-6)
     x = x.reshape(-1, cfg.hidden_size * cfg.merge_unit)
     x = F.gelu(ops.linear(x, w["visual.merger.mlp.0.weight"], w["visual.merger.mlp.0.bias"]))
