@@ -45,6 +45,56 @@ def test_draft_is_connected_and_prior_learns(tok):
     assert trie.draft(None, 8) == ([], [])
 
 
+def _learned_trie(tok):
+    eos = tok.token_to_id("<|im_end|>")
+    trie = GrammarTrie.from_tokenizer(tok, "r2r", eos)
+    for k, text in enumerate(["turn left 30 degrees, stop", "move forward 50cm", "stop",
+                              "turn right 15 degrees, move forward 25cm"]):  # fmt: skip
+        for _ in range(k + 1):
+            trie.observe(tok.encode(text, add_special_tokens=False).ids + [eos])
+    return trie
+
+
+def _score(trie, start, node):
+    p = 1.0
+    while node is not start:
+        p *= trie.child_prob(node.parent, node)
+        node = node.parent
+    return p
+
+
+def test_draft_rows_without_a_binding_total_is_draft(tok):
+    trie = _learned_trie(tok)
+    mid = trie.nodes[3]
+    starts = [trie.root, mid, None, trie.root, mid]  # shared start nodes, an empty row
+    budgets = [32, 16, 8, 0, 5]
+    got = trie.draft_rows(starts, budgets, 10**6)
+    assert got == [trie.draft(n, b) for n, b in zip(starts, budgets, strict=True)]
+
+
+@pytest.mark.parametrize("total", [1, 7, 40, 63])
+def test_draft_rows_takes_the_likeliest_nodes_over_the_rows(tok, total):
+    """Each row keeps a prefix of its own draft; the prefixes hold ``total`` nodes in all, and
+    no row's next node scores above the least likely node taken (a greedy global choice)."""
+    trie = _learned_trie(tok)
+    starts = [trie.root, trie.nodes[3], trie.root, trie.nodes[9]]
+    budgets = [32, 32, 12, 32]
+    got = trie.draft_rows(starts, budgets, total)
+    solo = [trie.draft(n, b) for n, b in zip(starts, budgets, strict=True)]
+    taken, least, best_left = 0, 1.0, 0.0
+    for (nodes, parents), (sn, sp), start in zip(got, solo, starts, strict=True):
+        k = len(nodes)
+        assert nodes == sn[:k] and parents == sp[:k]
+        taken += k
+        least = min([least] + [_score(trie, start, n) for n in nodes])
+        if k < len(sn):
+            best_left = max(best_left, _score(trie, start, sn[k]))
+    assert taken == min(total, sum(len(sn) for sn, _ in solo))
+    assert best_left <= least * (1 + 1e-12)
+    with pytest.raises(ValueError, match="start nodes"):
+        trie.draft_rows(starts, budgets[:2], total)
+
+
 def test_parse_actions():
     assert parse_actions("turn left 15 degrees, move forward 75cm, stop") == [
         ("left", 15),
@@ -59,6 +109,7 @@ def test_parse_actions():
     "kw,msg",
     [
         ({"grammar_tree_budget": -1}, "grammar_tree_budget"),
+        ({"grammar_step_budget": 5000}, "grammar_step_budget"),
         ({"batch_size": 0}, "batch_size"),
         ({"attention_kernel": "flash"}, "attention_kernel"),
         ({"packed_prefill": "yes"}, "packed_prefill"),

@@ -46,6 +46,21 @@ def test_tree_greedy_equals_plain_greedy(make_engine, tiny64, episodes, constrai
         assert f1 * 2 <= f0, (f0, f1)
 
 
+def test_a_step_budget_changes_no_reply(make_engine, tiny64, episodes):
+    """``grammar_step_budget``: one budget over the rows' trees (the likeliest nodes first). The
+    replies are plain greedy's, the trees hold at most that many nodes per step."""
+    plain, _ = _replay(make_engine, tiny64, episodes, constrain_to_grammar=True)
+    full, e_full = _replay(make_engine, tiny64, episodes, constrain_to_grammar=True,
+                           grammar_tree_budget=16, batch_size=3)  # fmt: skip
+    for cap in (4, 20):
+        capped, eng = _replay(make_engine, tiny64, episodes, constrain_to_grammar=True,
+                              grammar_tree_budget=16, batch_size=3, grammar_step_budget=cap)  # fmt: skip
+        assert capped == plain == full, cap
+        nodes = eng.stats.as_dict()["draft_nodes_per_forward"]
+        assert 0 < nodes <= cap, (cap, nodes)
+    assert e_full.stats.as_dict()["draft_nodes_per_forward"] > 4
+
+
 def test_reused_row_leaks_no_kv(make_engine, tiny64, episodes):
     opt = preset("reference", dtype="float64", max_new_tokens=12, grammar_tree_budget=8)
     eng = make_engine(tiny64, opt)

@@ -129,6 +129,8 @@ def rows(result: dict) -> list[dict]:
             row[stage] = f"{v:.2f}"
         if "decode_forwards_per_reply" in s:
             row["forwards/reply"] = f"{s['decode_forwards_per_reply']:.2f}"
+        if "draft_nodes_per_forward" in s:
+            row["nodes/forward"] = f"{s['draft_nodes_per_forward']:.1f}"
         if s.get("graphs_ahead"):  # captured before the timed replay (not timed)
             row["graphs ahead (s)"] = f"{s['graphs_ahead']} ({s['graphs_ahead_seconds']:.1f})"
         if s.get("graph_captures"):  # new buckets captured inside the timed replay

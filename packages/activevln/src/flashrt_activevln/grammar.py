@@ -143,3 +143,37 @@ class GrammarTrie:
             for c in n.children.values():
                 heapq.heappush(heap, (neg * self.child_prob(n, c), next(tie), c, index[id(n)]))
         return picked, parents
+
+    def draft_rows(
+        self, starts: list[Node | None], budgets: list[int], total: int
+    ) -> list[tuple[list[Node], list[int]]]:
+        """``draft`` for several rows under one budget: the ``total`` best-scoring nodes over all
+        the rows, each row's score measured from its own start node and each row taking at most
+        its ``budgets[r]`` nodes. Every row's list is ordered as ``draft`` orders it (its parent
+        indices into its own list), and with a ``total`` that binds no row it is ``draft``'s."""
+        if len(starts) != len(budgets):
+            raise ValueError(f"draft_rows: {len(starts)} start nodes for {len(budgets)} budgets")
+        tie = itertools.count()
+        heap = []
+        for r, (node, budget) in enumerate(zip(starts, budgets, strict=True)):
+            if node is not None and budget > 0:
+                heap += [(-self.child_prob(node, c), next(tie), r, c, -1)
+                         for c in node.children.values()]  # fmt: skip
+        heapq.heapify(heap)
+        out: list[tuple[list[Node], list[int]]] = [([], []) for _ in starts]
+        index: dict[tuple[int, int], int] = {}  # (row, node id): rows may share start nodes
+        taken = 0
+        while heap and taken < total:
+            neg, _, r, n, parent = heapq.heappop(heap)
+            picked, parents = out[r]
+            if len(picked) >= budgets[r]:
+                continue
+            index[r, id(n)] = len(picked)
+            picked.append(n)
+            parents.append(parent)
+            taken += 1
+            for c in n.children.values():
+                heapq.heappush(
+                    heap, (neg * self.child_prob(n, c), next(tie), r, c, index[r, id(n)])
+                )
+        return out

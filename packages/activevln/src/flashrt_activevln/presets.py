@@ -26,13 +26,17 @@
 | ``packed_prefill`` | bool | faithful: norms, projections and MLP over the live tokens only, |
 |  |  | packed back to back (no work for padded slots or empty rows); attention |
 |  |  | over the padded view with per-row query lengths |
-| ``cuda_graphs`` | bool | the text step (packed forward, LM head, greedy choice) replayed from a |
+| ``cuda_graphs`` | bool | the text step (last commit, embedding, packed forward, LM head, greedy |
+|  |  | choice) and the vision tower (with gpu_preprocess) replayed from a |
 |  |  | CUDA graph per token bucket (needs packed_prefill and gqa; on a CPU the |
 |  |  | bucketed step runs eagerly): decode steps bit-identical to the eager |
 |  |  | step, prefill steps faithful (cuBLAS sees the bucket's row count) |
 | ``grammar_tree_budget`` | 0..256 | exact acceptance: greedy tokens identical to plain greedy up to the |
 |  |  | forward's float rounding (bitwise with batch-invariant kernels); sampling distribution |
 |  |  | unchanged |
+| ``grammar_step_budget`` | 0..2048 | at most this many draft nodes per step over all rows, the most |
+|  |  | likely first (each row at most ``grammar_tree_budget``; 0: no cap); exact |
+|  |  | acceptance as above, so replies do not change, only the tree sizes |
 | ``batch_size`` | >= 1 | rows replayed together; with reference kernels a row's numbers depend on |
 |  |  | the batch's padded shape only through float rounding |
 | ``constrain_to_grammar`` | bool | benchmarks with random weights: logits outside the grammar masked |
@@ -63,6 +67,7 @@ class Options:
     packed_prefill: bool = False
     cuda_graphs: bool = False
     grammar_tree_budget: int = 0
+    grammar_step_budget: int = 0
     batch_size: int = 1
     constrain_to_grammar: bool = False
     dataset: str = "r2r"
@@ -110,6 +115,14 @@ class Options:
         ):
             raise ValueError(
                 f"option grammar_tree_budget={self.grammar_tree_budget!r}: expected an int in [0, 256]"
+            )
+        if (
+            not isinstance(self.grammar_step_budget, int)
+            or not 0 <= self.grammar_step_budget <= 2048
+        ):
+            raise ValueError(
+                f"option grammar_step_budget={self.grammar_step_budget!r}: expected an int in "
+                "[0, 2048]"
             )
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"option batch_size={self.batch_size!r}: expected an int >= 1")

@@ -84,6 +84,7 @@ class Stats:
     frames: int = 0
     replies_forwards: int = 0
     forwards: int = 0
+    draft_nodes: int = 0  # draft nodes verified, over all forwards and rows
     graph_captures: int = 0  # new CUDA graphs (``cuda_graphs``) and the seconds they took
     capture_seconds: float = 0.0
     seconds: dict = field(
@@ -97,6 +98,7 @@ class Stats:
             "frames": self.frames,
             "forwards": self.forwards,
             "decode_forwards_per_reply": self.replies_forwards / fr,
+            "draft_nodes_per_forward": self.draft_nodes / max(self.forwards, 1),
             "frames_per_second": self.frames / total if total else 0.0,
             "ms_per_frame": {k: 1000 * v / fr for k, v in self.seconds.items()},
             "graph_captures": self.graph_captures,
@@ -249,9 +251,15 @@ class Engine:
             return FrameFeed(prepare=self.proc.preprocess_cpu)
         return FrameFeed(pinned=self.model.device.type == "cuda")
 
-    def _drafts(self, row: _Row) -> tuple[list[Node], list[int]]:
+    def _room(self, row: _Row) -> int:
+        """Draft nodes the row may verify: the tree budget, less what the reply has left."""
         room = self.opt.max_new_tokens - len(row.reply) - 1
-        return self.trie.draft(row.node, min(self.opt.grammar_tree_budget, max(room, 0)))
+        return min(self.opt.grammar_tree_budget, max(room, 0))
+
+    def _drafts(self, row: _Row) -> tuple[list[Node], list[int]]:
+        if self.opt.grammar_step_budget:
+            return [], []  # drafted for all rows at once (``_step``)
+        return self.trie.draft(row.node, self._room(row))
 
     def _pixels(self, frames: list[Loaded], dev: torch.device):
         """The step's new frames -> (pixel_values pieces on ``dev`` in row order, one grid per
@@ -332,6 +340,13 @@ class Engine:
             chains.append(ids)
             chain_pos.append(pos)
             drafts.append(self._drafts(row))
+        if self.opt.grammar_step_budget:  # one budget over the rows: the likeliest nodes
+            live = [r for r, row in enumerate(rows) if row is not None]
+            shared = self.trie.draft_rows([rows[r].node for r in live],
+                                          [self._room(rows[r]) for r in live],
+                                          self.opt.grammar_step_budget)  # fmt: skip
+            for r, d in zip(live, shared, strict=True):
+                drafts[r] = d
         host, verified = self._inputs(rows, turns, chains, chain_pos, drafts)
         self._moves = []  # applied by this step's forward
         extent = int(host["lengths"].max()) + host["ids"].shape[1]  # from the host: no read
@@ -350,6 +365,7 @@ class Engine:
                 self.model, self.pool, dv, image, extent, children, greedy
             )
         self.stats.forwards += 1
+        self.stats.draft_nodes += sum(len(d[0]) for d in drafts)
         clock.mark()  # before the step's host read, so that read completes it
         if choices is not None:
             choices = choices[:verified].tolist()  # the step's one host read
