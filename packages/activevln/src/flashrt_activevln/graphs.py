@@ -10,8 +10,9 @@ count ``T``, the padded query count ``Q``, the verified count ``R`` and the move
 for a step is the one of its buckets ``(T_b, Q_b)`` (``buckets``) with ``R`` and the moves
 padded to their fixed maxima (every row's chain token plus a full tree; a full tree's depth of
 moves per row). The first step of a bucket runs the work once eagerly (compilation, library
-workspaces), captures it, and replays it; later steps of that bucket copy their inputs from the
-host straight into the graph's static input buffer (one transfer) and replay.
+workspaces) and captures it: that eager run is the step (a step must run once: its commit
+moves are not idempotent); later steps of that bucket copy their inputs from the host straight
+into the graph's static input buffer (one transfer) and replay.
 
 Padding: the extra ``T_b - T`` live-index entries all name one position that is not live (it
 exists whenever padding is needed, since ``T_b <= B * Q_b``), so they write K/V only past that
@@ -282,13 +283,21 @@ class StepGraphs:
                     f"{tuple(g.inputs[name].shape)}"
                 )
         if fresh:
+            # The step is not idempotent (the commit's moves may read slots an earlier move of the
+            # same step wrote, and the new tokens' K/V may land on tree slots a move reads), so
+            # it runs exactly once: the capture's eager run is this step, and its outputs are
+            # returned; the capture itself runs nothing.
             cuts = splits(self.model.cfg.text.num_layers, TEXT_PIECES)
             g.pieces = [torch.cuda.CUDAGraph() for _ in range(len(cuts) + 1)]
-            self.capture_seconds += _capture(
-                g.pieces, self.mempool, lambda cut: self._work(g, extent, cut), cuts
-            )
+            eager = []
+
+            def work(cut):
+                self._work(g, extent, cut)
+                eager.append((g.logits, g.choices))
+
+            self.capture_seconds += _capture(g.pieces, self.mempool, work, cuts)
             self.graphs[key] = g
-        # (the eager run's K/V writes are the same values the replay writes again)
+            return eager[0]
         for piece in g.pieces:
             piece.replay()
         return g.logits, g.choices
