@@ -139,7 +139,7 @@ def gqa_tile_kernel(
     HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ROW_CLASS: tl.constexpr,
     NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
     KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr, ALIGN: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max].
     PACKED: queries and outputs are token-major ``[T, H, d]`` and row ``b`` owns tokens
@@ -147,7 +147,9 @@ def gqa_tile_kernel(
     ROW_CLASS: 0 every row, 1 rows of at most ``NARROW`` tile rows, 2 the others.
     PDL: the combine pass is launched as a programmatic dependent; each program lets it start at
     once (it is scheduled when the grid's last wave is resident; it waits for this grid's
-    completion before it reads)."""
+    completion before it reads).
+    ONE_LOOP: every key block goes through the masked loop (one software pipeline per program
+    instead of an unmasked and a masked one)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
@@ -216,7 +218,10 @@ def gqa_tile_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        mid = start + tl.maximum(tl.minimum(end, cache_len) - start, 0) // BLOCK_N * BLOCK_N
+        if ONE_LOOP:
+            mid = start
+        else:
+            mid = start + tl.maximum(tl.minimum(end, cache_len) - start, 0) // BLOCK_N * BLOCK_N
         for n0 in range(start, mid, BLOCK_N):
             m_i, l_i, acc = _attend_block(
                 q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
@@ -358,7 +363,8 @@ def launch_gqa_tiles(
             TAIL_N=min(tiles["BLOCK_N"], max(16, MASKED_ELEMENTS // tiles["BLOCK_M"])),
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
             HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
-            NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, **chunks,
+            NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, ONE_LOOP=tiles.get("ONE_LOOP", False),
+            **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )  # fmt: skip
     if split:

@@ -20,7 +20,10 @@ from __future__ import annotations
 import functools
 
 NARROW_ROWS = 32
-NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# ONE_LOOP: the narrow tiles take every key block through the masked loop (one software
+# pipeline instead of two): 0.96x the time in geomean over the 12 decode cells at 16/2 heads
+# and 0.99x at 32/8 on an H100 (docs/kernels/attention.md, 2026-12-05).
+NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ONE_LOOP": True}
 # 64-row wide tiles with 4 warps beat 128 rows with 8 warps on the H200 (90 vs 118 us, 24-node
 # trees at L=8k; docs/kernels/attention.md)
 WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
