@@ -179,7 +179,9 @@ def _check_decode_batch_invariant(case, invariant: bool = False) -> None:
                          query_invariant=invariant)  # fmt: skip
     pick = list(range(bsz))[::-1][: max(1, bsz - 1)]
     idx = torch.tensor(pick, device=device)
-    pad = min(q_max + 5, 64) if invariant and mask is not None else q_max + 5
+    # bit-row masks (and the invariant mode's trees) hold at most 64 nodes
+    bits64 = mask is not None and (invariant or mask.dtype == torch.int64)
+    pad = min(q_max + 5, 64) if bits64 else q_max + 5
     q2 = make_values("normal", (len(pick), pad, *q.shape[2:]), q.dtype, case["seed"] + 9, device)
     q2[:, :q_max] = q[idx]
     mask2 = None
