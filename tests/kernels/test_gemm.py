@@ -163,3 +163,42 @@ def test_every_launch_candidate_is_faithful_and_batch_invariant(k):
             assert torch.equal(linear(x[lo:hi].contiguous(), w, config=cfg), y[lo:hi]), name
     for name, make in w4a8.CANDIDATES.items():
         assert torch.equal(w4a8.w4a8_linear(x, wq, config=make(k, 2560)), want4), name
+
+
+def test_wide_tile_is_faithful_in_the_interpreter():
+    """The wide (prefill) tile's code path, run by the interpreter: faithful to float64 (its bits
+    against the 16-row tiles are a GPU test: the interpreter's fp32 dot sums in its own order)."""
+    from flashrt_kernels.gemm import few_rows, reference
+    from flashrt_kernels.testing import test_device
+
+    device = test_device()
+    x, w = _bf16(70, 300, seed=3).to(device), (_bf16(40, 300, seed=4) * 0.05).to(device)
+    for make in few_rows.WIDE_CANDIDATES.values():
+        y = linear(x, w, backend="triton", config=make(300))
+        ref = reference.linear_f64(x, w)
+        bound = 2.0**-8 * ref.abs() + 300 * 2.0**-22 * reference.abs_products(x, w)
+        assert ((y.double() - ref).abs() <= bound).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1280, 2048, 3420, 11008])
+def test_wide_tiles_give_the_few_row_bits(k):
+    """Wide tiles (from ``WIDE_FROM`` rows of bf16 weights: one 2D dot a K step, the tensor
+    cores' wide form) give the 16-row tiles' bits: plain, gate|up with its SwiGLU, and a row
+    launched alone; K = 11008 takes the 4-way split."""
+    from flashrt_kernels.gemm import few_rows
+
+    g = torch.Generator(device="cuda").manual_seed(k)
+    narrow = few_rows.CANDIDATES[few_rows.DEFAULT](k)
+    for m, n in ((65, 2560), (130, 1000), (520, 3840), (2816, 1280)):
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+        want = linear(x, w, config=narrow)
+        for name, make in few_rows.WIDE_CANDIDATES.items():
+            assert torch.equal(linear(x, w, config=make(k)), want), (name, m, n)
+        assert torch.equal(linear(x, w), want), (m, n)  # the default tile for m rows
+        assert torch.equal(linear(x[3:4].contiguous(), w), want[3:4])
+        wg = w[: 2 * (n // 2)]
+        assert torch.equal(
+            linear_gate_up_swiglu(x, wg), linear_gate_up_swiglu(x, wg, config=narrow)
+        )

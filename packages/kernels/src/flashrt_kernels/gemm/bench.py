@@ -160,6 +160,43 @@ def run_bf16(quick: bool = False) -> list[dict]:
     return out
 
 
+# (K, N) of the ActiveVLN prefill and vision linears (text q|k|v, o, gate|up, down; vision q|k|v,
+# proj, gate|up, down)
+PREFILL_SHAPES = ((2048, 2560), (2048, 2048), (2048, 22016), (11008, 2048), (1280, 3840),
+                  (1280, 1280), (1280, 6840), (3420, 1280))  # fmt: skip
+
+
+@register_benchmark(
+    "gemm_bf16_prefill", "gemm", "batch-invariant bf16 linear at prefill sizes vs cuBLAS"
+)
+def run_bf16_prefill(quick: bool = False) -> list[dict]:
+    """M = 65 .. 2816 on the prefill shapes: cuBLAS, ours (``launch_config``: the wide tiles
+    from ``WIDE_FROM`` rows), the 16-row tiles ``tile_for`` chose before them, and whether the
+    two give the same bits."""
+    out = []
+    for k, n in PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in (65, 260, 1040, 2816):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            narrow = few_rows._tile_config(few_rows.tile_for(k, n, m), k)
+            cfg = few_rows.launch_config(k, n, m, aligned=k % 8 == 0)
+            t_cublas = _t([lambda: F.linear(x, w)])
+            t_ours = _t([lambda: linear(x, w, out=y)])
+            t_narrow = _t([lambda: linear(x, w, out=y, config=narrow)])
+            same = torch.equal(linear(x, w), linear(x, w, config=narrow))
+            tile = ("wide " if cfg.get("WIDE") else "") + "x".join(
+                str(cfg[c]) for c in ("ROW_TILES", "BLOCK_N", "BLOCK_K") if c in cfg
+            )
+            out.append({
+                "K": k, "N": n, "M": m, "cublas_us": t_cublas, "ours_us": t_ours,
+                "narrow_us": t_narrow, "x_cublas": t_cublas / t_ours,
+                "x_narrow": t_narrow / t_ours, "same_bits": same,
+                "tfl_s": 2 * m * n * k / t_ours / 1e6, "tile": tile,
+            })  # fmt: skip
+    return out
+
+
 @register_benchmark("gemm_prefill", "gemm", "FP8 W8A8 prefill GEMM vs torch._scaled_mm")
 def run_prefill(quick: bool = False) -> list[dict]:
     out = []
@@ -230,8 +267,8 @@ def main() -> None:
 
     from flashrt_kernels.benchmarking import markdown_table, write_results
 
-    table = {"gemm": run, "gemm_bf16": run_bf16, "gemm_prefill": run_prefill,
-             "gemm_producers": run_producers}  # fmt: skip
+    table = {"gemm": run, "gemm_bf16": run_bf16, "gemm_bf16_prefill": run_bf16_prefill,
+             "gemm_prefill": run_prefill, "gemm_producers": run_producers}  # fmt: skip
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")

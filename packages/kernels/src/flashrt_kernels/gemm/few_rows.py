@@ -26,6 +26,7 @@ import triton.language as tl
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
 from flashrt_kernels.gemm import reference
+from flashrt_kernels.gemm.fp8_linear import SMS
 from flashrt_kernels.quant.device import swiglu
 from flashrt_kernels.triton_helpers import cast_rne, to_f32
 
@@ -64,6 +65,44 @@ def _tile_config(name: str, k: int) -> dict:
 
 CANDIDATES = {name: (lambda k, name=name: _tile_config(name, k)) for name in TILES}
 
+# Wide tiles for many rows with bf16 weights (prefill): (16-row tiles, BLOCK_N, BLOCK_K, warps,
+# stages), one 2D dot a K step (wgmma on Hopper), which gives the bits of the 16-row mma.sync
+# tiles above (compared on the GPU at every ActiveVLN prefill shape, M 65-2816).
+WIDE_TILES = {
+    "m128_n128_k64": (8, 128, 64, 8, 3),
+    "m64_n128_k64": (4, 128, 64, 4, 4),
+    "m128_n256_k64": (8, 256, 64, 8, 3),
+}
+WIDE_FROM = 65  # rows from which 16-byte aligned bf16 rows take a wide tile
+
+
+def wide_tile_for(k: int, n: int, m: int) -> str:
+    """The wide tile measured fastest (H100 probe, docs/kernels/gemm.md): 128 x 256 for long K
+    and many rows, else 128 x 128 where its grid fills the SMs, else 64 x 128."""
+    if k >= 8192 and m >= 1024:
+        return "m128_n256_k64"
+    if triton.cdiv(m, 128) * triton.cdiv(n, 128) * split_for(k) >= SMS:
+        return "m128_n128_k64"
+    return "m64_n128_k64"
+
+
+def wide_pays(k: int, n: int, m: int) -> bool:
+    """Whether the wide tiles beat the 16-row ones (H100, docs/kernels/gemm.md): from 256 rows
+    always, from ``WIDE_FROM`` where 64 x 128 tiles make at least 64 programs (at 65 rows the
+    16-row tiles won on 2048 -> 2048 and 1280 -> 1280 by 2-3 us)."""
+    if m >= 256:
+        return True
+    return m >= WIDE_FROM and triton.cdiv(m, 64) * triton.cdiv(n, 128) * split_for(k) >= 64
+
+
+def _wide_config(name: str, k: int) -> dict:
+    row_tiles, bn, bk, warps, stages = WIDE_TILES[name]
+    return {"ROW_TILES": row_tiles, "WIDE": True, "BLOCK_N": bn, "BLOCK_K": bk,
+            "SPLIT_K": split_for(k), "num_warps": warps, "num_stages": stages}  # fmt: skip
+
+
+WIDE_CANDIDATES = {name: (lambda k, name=name: _wide_config(name, k)) for name in WIDE_TILES}
+
 
 def row_tiles_for(m: int) -> int:
     """16-row tiles per program (1, 2 or 4): they share each weight tile, so M = 64 reads the
@@ -89,11 +128,16 @@ def tile_for(k: int, n: int, m: int, weight_dtype=torch.bfloat16) -> str:
     return "n16_k128_w2s7" if n <= 8192 else "n32_k128_s3"
 
 
-def launch_config(k: int, n: int | None = None, m: int = 1, weight_dtype=torch.bfloat16) -> dict:
+def launch_config(k: int, n: int | None = None, m: int = 1, weight_dtype=torch.bfloat16,
+                  aligned: bool = True) -> dict:  # fmt: skip
     """Tile and split: the split is a function of K only; the tile (bits-neutral) is chosen by
-    ``tile_for`` when N is given, else the default tile."""
+    ``tile_for`` when N is given, or by ``wide_tile_for`` from ``WIDE_FROM`` rows of bf16
+    weights whose rows are 16-byte ``aligned`` (else the wide tiles' loads are not vectorized:
+    2-4x slower than the 16-row tiles at K = 3420); else the default tile."""
     if n is None:
         return _tile_config(DEFAULT, k)
+    if weight_dtype == torch.bfloat16 and aligned and wide_pays(k, n, m):
+        return _wide_config(wide_tile_for(k, n, m), k)
     return _tile_config(tile_for(k, n, m, weight_dtype), k)
 
 
@@ -123,12 +167,14 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 @triton.jit
 def _dot_columns(X, W, rows, cols, m, n_rows_w, k0, k_len, stride_x, stride_w,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TILES: tl.constexpr,
-                 UPCAST: tl.constexpr):  # fmt: skip
+                 UPCAST: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
     """fp32 [ROW_TILES * 16, BLOCK_N] dots. Several 16-row tiles share each weight tile as the
     batches of one dot: every tile runs the same mma instructions in the same K order as a lone
-    16-row tile (which keeps the plain 2D dot: Triton compiles it leaner)."""
-    if ROW_TILES == 1:
-        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    16-row tile (which keeps the plain 2D dot: Triton compiles it leaner). ``WIDE`` tiles (many
+    rows, bf16 weights) are one 2D dot over all their rows, the tensor cores' wide form on
+    Hopper, which rounds each 16-wide K step as the 16-row mma does (tested on the GPU)."""
+    if ROW_TILES == 1 or WIDE:
+        acc = tl.zeros((16 * ROW_TILES, BLOCK_N), dtype=tl.float32)
         for kk in range(0, k_len, BLOCK_K):
             a, b = _load_tiles(X, W, rows, cols, m, n_rows_w, k0, kk, k_len, stride_x, stride_w,
                                BLOCK_K, UPCAST)  # fmt: skip
@@ -148,6 +194,7 @@ def _few_rows_kernel(
     X, W, WS, Y, P, m, n_out, k, split, stride_x, stride_w, stride_y,
     HAS_SCALE: tl.constexpr, GATE_UP: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TILES: tl.constexpr, UPCAST: tl.constexpr,
+    WIDE: tl.constexpr = False,
 ):  # fmt: skip
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * 16 * ROW_TILES + tl.arange(0, 16 * ROW_TILES)
@@ -157,11 +204,12 @@ def _few_rows_kernel(
     k_len = tl.minimum(k_len, k - k0)
     n_w = 2 * n_out if GATE_UP else n_out
     acc = _dot_columns(X, W, rows, cols, m, n_out, k0, k_len, stride_x, stride_w,
-                       BLOCK_N, BLOCK_K, ROW_TILES, UPCAST)  # fmt: skip
+                       BLOCK_N, BLOCK_K, ROW_TILES, UPCAST, WIDE)  # fmt: skip
     acc_up = acc
     if GATE_UP:
         acc_up = _dot_columns(X, W + n_out * stride_w, rows, cols, m, n_out, k0, k_len,
-                              stride_x, stride_w, BLOCK_N, BLOCK_K, ROW_TILES, UPCAST)  # fmt: skip
+                              stride_x, stride_w, BLOCK_N, BLOCK_K, ROW_TILES, UPCAST,
+                              WIDE)  # fmt: skip
     mask = (rows < m)[:, None] & (cols < n_out)[None, :]
     if PARTIAL:
         # fp32 partials [split, (gate|up,) m, n_w]; the reduce kernel adds them in split order
@@ -215,10 +263,14 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
         return
     upcast = triton_interpreter_active() or x.device.type == "cpu"
     # the interpreter's fp32 dot (numpy) sums in a tile-dependent order: one tile there
-    cfg = dict(config or (launch_config(k) if upcast else launch_config(k, n_out, m, w.dtype)))
+    aligned = all(t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0 for t in (x, w))
+    cfg = dict(config or (launch_config(k) if upcast else
+                          launch_config(k, n_out, m, w.dtype, aligned)))  # fmt: skip
+    if gate_up and config is None and cfg.get("WIDE"):  # two accumulators: half the columns
+        cfg["BLOCK_N"] = min(cfg["BLOCK_N"], 64)
     split, bn = cfg.pop("SPLIT_K"), cfg["BLOCK_N"]
     stages = cfg.pop("num_stages")
-    row_tiles = row_tiles_for(m)
+    row_tiles = cfg.pop("ROW_TILES", None) or row_tiles_for(m)
     grid = (triton.cdiv(m, BLOCK_M * row_tiles), triton.cdiv(n_out, bn), split)
     n_w = 2 * n_out if gate_up else n_out
     part = torch.empty(split, m, n_w, dtype=torch.float32, device=x.device) if split > 1 else y
