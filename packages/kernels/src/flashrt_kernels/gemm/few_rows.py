@@ -6,8 +6,9 @@ accumulation.
 
 Contracts:
 - batch invariance (``exact``): rows are tiled by a fixed 16 (a program takes 1, 2 or 4 such tiles
-  as the batches of one dot, sharing the weight tile) and K is walked in one fixed order (16-wide
-  mma steps in sequence, then, for a K-dependent split at multiples of ``SPLIT_GRANULE``, the
+  as the batches of one dot, sharing the weight tile; many rows of bf16 weights take wide tiles,
+  one 2D dot over 64 or 128 rows, whose 16-wide steps round as the 16-row mma's: compared on
+  the GPU) and K is walked in one fixed order (16-wide mma steps in sequence, then, for a K-dependent split at multiples of ``SPLIT_GRANULE``, the
   partial sums added in split order); the split depends on K alone, so row r is bit-identical for
   every M and columns for every N (q|k|v fused == separate, gate|up fused == separate projections
   followed by ``quant.silu_mul``); the tile (columns, K tile, warps, stages) does not move a bit,
