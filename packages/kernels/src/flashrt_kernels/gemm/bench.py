@@ -134,7 +134,8 @@ def _read_us(ws, block=4096, warps=4) -> float:
 )
 def run_bf16(quick: bool = False) -> list[dict]:
     """M = 1, 4, 16, 64 on every shape: cuBLAS, ours (``launch_config``'s tile), the tile before
-    the 2026-12-03 sweep (``n32_k128`` everywhere), and a plain read of the same weight bytes."""
+    the 2026-12-03 sweep (``n32_k128`` everywhere), a plain read of the same weight bytes, and at
+    M = 64 each wide tile (which ``wide_pays`` takes only from 65 rows)."""
     out = []
     for k, n in SHAPES[:6] if quick else SHAPES:
         bf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -148,12 +149,19 @@ def run_bf16(quick: bool = False) -> list[dict]:
             t_cublas = _t([lambda w=w: F.linear(x, w) for w in bf])
             t_ours = _t([lambda w=w: linear(x, w, out=y) for w in bf])
             t_old = _t([lambda w=w: linear(x, w, out=y, config=old) for w in bf])
+            wide = {}
+            if m > 2 * few_rows.BLOCK_M:  # the wide tiles where 4 row tiles would run
+                for name, make in few_rows.WIDE_CANDIDATES.items():
+                    cfg = make(k)
+                    wide[f"wide[{name}]_us"] = _t([lambda w=w: linear(x, w, out=y, config=cfg)
+                                                   for w in bf])  # fmt: skip
+                wide["wide_floor_frac"] = fl / min(wide.values())
             out.append({
                 "K": k, "N": n, "M": m, "floor_us": fl, "read_us": t_read, "cublas_us": t_cublas,
                 "ours_us": t_ours, "before_us": t_old, "ours_floor_frac": fl / t_ours,
                 "before_floor_frac": fl / t_old, "cublas_floor_frac": fl / t_cublas,
                 "read_floor_frac": fl / t_read, "x_cublas": t_cublas / t_ours,
-                "x_before": t_old / t_ours, "tile": few_rows.tile_for(k, n, m),
+                "x_before": t_old / t_ours, "tile": few_rows.tile_for(k, n, m), **wide,
             })  # fmt: skip
         del bf
         torch.cuda.empty_cache()
