@@ -166,18 +166,23 @@ def test_every_launch_candidate_is_faithful_and_batch_invariant(k):
 
 
 def test_wide_tile_is_faithful_in_the_interpreter():
-    """The wide (prefill) tile's code path, run by the interpreter: faithful to float64 (its bits
-    against the 16-row tiles are a GPU test: the interpreter's fp32 dot sums in its own order)."""
+    """The wide (prefill) tile's code path, run by the interpreter: faithful to float64, and its
+    gate|up launch equals two of its linears then ``silu_mul`` (its bits against the 16-row tiles
+    are a GPU test: the interpreter's fp32 dot sums in its own order)."""
     from flashrt_kernels.gemm import few_rows, reference
+    from flashrt_kernels.quant import silu_mul
     from flashrt_kernels.testing import test_device
 
     device = test_device()
     x, w = _bf16(70, 300, seed=3).to(device), (_bf16(40, 300, seed=4) * 0.05).to(device)
+    ref = reference.linear_f64(x, w)
+    bound = 2.0**-8 * ref.abs() + 300 * 2.0**-22 * reference.abs_products(x, w)
     for make in few_rows.WIDE_CANDIDATES.values():
-        y = linear(x, w, backend="triton", config=make(300))
-        ref = reference.linear_f64(x, w)
-        bound = 2.0**-8 * ref.abs() + 300 * 2.0**-22 * reference.abs_products(x, w)
+        cfg = make(300)
+        y = linear(x, w, backend="triton", config=cfg)
         assert ((y.double() - ref).abs() <= bound).all()
+        fused = linear_gate_up_swiglu(x, w, backend="triton", config=cfg)
+        assert torch.equal(fused, silu_mul(y, backend="triton"))
 
 
 @pytest.mark.gpu
