@@ -8,12 +8,13 @@ Contracts:
 - batch invariance (``exact``): rows are tiled by a fixed 16 (a program takes 1, 2 or 4 such tiles
   as the batches of one dot, sharing the weight tile; many rows of bf16 weights take wide tiles,
   one 2D dot over 64 or 128 rows, whose 16-wide steps round as the 16-row mma's: compared on
-  the GPU) and K is walked in one fixed order (16-wide mma steps in sequence, then, for a K-dependent split at multiples of ``SPLIT_GRANULE``, the
-  partial sums added in split order); the split depends on K alone, so row r is bit-identical for
-  every M and columns for every N (q|k|v fused == separate, gate|up fused == separate projections
-  followed by ``quant.silu_mul``); the tile (columns, K tile, warps, stages) does not move a bit,
-  so on the GPU it is chosen by M and N (``tile_for``); the interpreter runs one tile (numpy's
-  fp32 dot sums in a tile-dependent order);
+  the GPU) and K is walked in one fixed order (16-wide mma steps in sequence, then, for a
+  K-dependent split at multiples of ``SPLIT_GRANULE``, the partial sums added in split order);
+  the split depends on K alone, so row r is bit-identical for every M and columns for every N
+  (q|k|v fused == separate, gate|up fused == separate projections followed by
+  ``quant.silu_mul``); the tile (columns, K tile, warps, stages) does not move a bit, so on the
+  GPU it is chosen by M and N (``tile_for``, ``wide_tile_for``); the interpreter runs one tile
+  (numpy's fp32 dot sums in a tile-dependent order);
 - against ``reference.linear`` (float64 products): ``faithful``, |y - y_ref| <= 2**-8 |y_ref| +
   K * 2**-22 * sum_k |x_k w_k scale| (fp32 accumulation in another order plus the output rounding).
 """
@@ -74,7 +75,7 @@ WIDE_TILES = {
     "m64_n128_k64": (4, 128, 64, 4, 4),
     "m128_n256_k64": (8, 256, 64, 8, 3),
 }
-WIDE_FROM = 65  # rows from which 16-byte aligned bf16 rows take a wide tile
+WIDE_FROM = 65  # the fewest rows that may take a wide tile (``wide_pays``)
 
 
 def wide_tile_for(k: int, n: int, m: int) -> str:
@@ -267,7 +268,7 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
     aligned = all(t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0 for t in (x, w))
     cfg = dict(config or (launch_config(k) if upcast else
                           launch_config(k, n_out, m, w.dtype, aligned)))  # fmt: skip
-    if gate_up and config is None and cfg.get("WIDE"):  # two accumulators: half the columns
+    if gate_up and config is None and cfg.get("WIDE"):  # two accumulators: <= 64 columns
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], 64)
     split, bn = cfg.pop("SPLIT_K"), cfg["BLOCK_N"]
     stages = cfg.pop("num_stages")
