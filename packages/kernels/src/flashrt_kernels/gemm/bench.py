@@ -187,8 +187,8 @@ def run_bf16_prefill(quick: bool = False) -> list[dict]:
         for m in (65, 260, 1040, 2816):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-            narrow = few_rows._tile_config(few_rows.tile_for(k, n, m), k)
-            cfg = few_rows.launch_config(k, n, m, aligned=k % 8 == 0)
+            narrow = few_rows.CANDIDATES[few_rows.tile_for(k, n, m)](k)
+            cfg = few_rows.launch_config(k, n, m, aligned=few_rows.rows_aligned(x, w))
             t_cublas = _t([lambda: F.linear(x, w)])
             t_ours = _t([lambda: linear(x, w, out=y)])
             t_narrow = _t([lambda: linear(x, w, out=y, config=narrow)])

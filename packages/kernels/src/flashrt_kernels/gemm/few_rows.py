@@ -97,6 +97,12 @@ def wide_pays(k: int, n: int, m: int) -> bool:
     return m >= WIDE_FROM and triton.cdiv(m, 64) * triton.cdiv(n, 128) * split_for(k) >= 64
 
 
+def rows_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor's rows start on 16 bytes (bf16: a row stride of a multiple of 8), which
+    the wide tiles need for vectorized loads."""
+    return all(t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0 for t in tensors)
+
+
 def _wide_config(name: str, k: int) -> dict:
     row_tiles, bn, bk, warps, stages = WIDE_TILES[name]
     return {"ROW_TILES": row_tiles, "WIDE": True, "BLOCK_N": bn, "BLOCK_K": bk,
@@ -265,7 +271,7 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
         return
     upcast = triton_interpreter_active() or x.device.type == "cpu"
     # the interpreter's fp32 dot (numpy) sums in a tile-dependent order: one tile there
-    aligned = all(t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0 for t in (x, w))
+    aligned = rows_aligned(x, w)
     cfg = dict(config or (launch_config(k) if upcast else
                           launch_config(k, n_out, m, w.dtype, aligned)))  # fmt: skip
     if gate_up and config is None and cfg.get("WIDE"):  # two accumulators: <= 64 columns
