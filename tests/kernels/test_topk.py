@@ -400,3 +400,18 @@ def test_cuda_programmatic_dependent_launch():
     want = reference.topk(x.cpu(), k)
     assert torch.equal(outs[0][1].cpu(), want[1])
     assert cuda_select.pdl_available(), cuda_select._PDL_BROKEN
+
+
+def test_short_row_phase_tool_finds_its_stamp_lines():
+    """tools/topk_short_phases.py places its stamps by matching lines of the CUDA source: each
+    must still match exactly once (else the tool would time something else)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "topk_short_phases.py"
+    spec = importlib.util.spec_from_file_location("topk_short_phases", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    src = tool.stamped_source()
+    assert all(f"STAMP({i});" in src for i in range(8))
+    assert src.count("WALL(") == 2 + 1  # the two stamps and the macro's definition

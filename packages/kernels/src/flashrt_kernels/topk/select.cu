@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
     const void* scores, long long stride, const int* lengths, int n, int k, int S, int segcap,
     int short_max, int multi, int keys_words, const int* ctrl, const int2* seg, const int* segcnt,
     int* out_idx, void* out_val, int* state, int state_words) {
-    extern __shared__ int smem[];
+    extern __shared__ __align__(16) int smem[];
     int* hist = smem;                   // HIST_BINS
     int* scratch = hist + HIST_BINS;    // 64
     u32* keys = (u32*)(scratch + 64);   // max(short_max, 2 cap)

@@ -211,6 +211,30 @@ __device__ __forceinline__ void hist_add(int* h, u32 bin, bool active) {
     }
 }
 
+// Digit pass 0's increments for four keys a lane holds: a warp whose active lanes' keys all share
+// one bin adds once, a lane whose four keys share one bin adds 4 at once, others add each key.
+__device__ __forceinline__ void hist_add4(int* h, uint4 v, bool active) {
+    const int shift = 20;  // pass_shift(0)
+    const u32 b0 = v.x >> shift, b1 = v.y >> shift, b2 = v.z >> shift, b3 = v.w >> shift;
+    const bool same = b0 == b1 && b0 == b2 && b0 == b3;
+    u32 act = __ballot_sync(0xffffffffu, active);
+    if (act == 0u) return;
+    int leader = __ffs(act) - 1;
+    u32 lb = __shfl_sync(0xffffffffu, b0, leader);
+    if (__all_sync(0xffffffffu, !active || (same && b0 == lb))) {
+        if ((int)(threadIdx.x & 31) == leader) atomicAdd(&h[lb], 4 * __popc(act));
+    } else if (active) {
+        if (same) {
+            atomicAdd(&h[b0], 4);
+        } else {
+            atomicAdd(&h[b0], 1);
+            atomicAdd(&h[b1], 1);
+            atomicAdd(&h[b2], 1);
+            atomicAdd(&h[b3], 1);
+        }
+    }
+}
+
 // The same increments, one atomic per distinct bin of a warp (__match_any_sync): for keys that
 // sit in a few bins without a whole warp agreeing (the finishing block's candidates just above a
 // bound), where per-lane atomics on a handful of addresses serialize. Not for whole rows: the
@@ -493,6 +517,14 @@ __device__ __forceinline__ void cp_async4(u32* dst, const u32* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src) : "memory");
 }
 
+// The same for 16 bytes (four fp32 elements; both addresses 16-byte aligned), through L2 only.
+__device__ __forceinline__ void cp_async16(u32* dst, const u32* src) {
+    u32 s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+                 : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
@@ -502,16 +534,33 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // thread converts the elements it copied); 16-bit rows load SHORT_LOADS per thread at a time.
 template <int DT>
 __device__ void load_short_row(const void* row, int len, u32* keys, int* hist) {
-    if (DT == 0) {
+    if (DT == 0) {  // 16-byte copies where the row starts on 16 bytes (keys[] always does)
         const u32* src = (const u32*)row;
-        for (int i = threadIdx.x; i < len; i += blockDim.x) cp_async4(keys + i, src + i);
+        const int vec = ((unsigned long long)src & 15u) == 0u ? len >> 2 : 0;
+        for (int i = threadIdx.x; i < vec; i += blockDim.x) cp_async16(keys + 4 * i, src + 4 * i);
+        for (int i = 4 * vec + threadIdx.x; i < len; i += blockDim.x) cp_async4(keys + i, src + i);
     }
     for (int j = threadIdx.x; j < HIST_BINS; j += blockDim.x) hist[j] = 0;
     if (DT == 0) cp_async_wait_all();
     __syncthreads();
-    if (DT == 0) {
-        for (int base = 0; base < len; base += blockDim.x) {
-            int i = base + threadIdx.x;
+    if (DT == 0) {  // four keys a thread at a time (16-byte shared accesses), then the tail
+        const int len4 = len >> 2;
+        uint4* k4 = (uint4*)keys;
+        for (int base = 0; base < len4; base += blockDim.x) {
+            const int g = base + threadIdx.x;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (g < len4) {
+                v = k4[g];
+                v.x = key_of_f32_bits(v.x);
+                v.y = key_of_f32_bits(v.y);
+                v.z = key_of_f32_bits(v.z);
+                v.w = key_of_f32_bits(v.w);
+                k4[g] = v;
+            }
+            hist_add4(hist, v, g < len4);
+        }
+        if (threadIdx.x < 32) {
+            const int i = 4 * len4 + threadIdx.x;
             u32 u = 0u;
             if (i < len) {
                 u = key_of_f32_bits(keys[i]);
