@@ -5,11 +5,11 @@ against the reference path), plus a kernel self-check, in one table."""
 from __future__ import annotations
 
 import time
-from importlib.metadata import entry_points
 
 import torch
 
 from flashrt_kernels.benchmarking import markdown_table
+from flashrt_kernels.cli.main import plugins
 
 
 def register(sub) -> None:
@@ -46,16 +46,16 @@ def run(args) -> int:
         rows.append({"package": "flashrt-kernels", "what": "rms_norm triton vs reference",
                      "result": "FAIL", "detail": str(err)[:200]})  # fmt: skip
     rows[0]["seconds"] = round(time.time() - t0, 1)
-    for ep in sorted(entry_points(group="flashrt.demos"), key=lambda e: e.name):
+    for name, load in plugins("flashrt.demos"):
         if not args.quiet:
-            print(f"running {ep.name} demo ...", flush=True)
+            print(f"running {name} demo ...", flush=True)
         start = time.time()
         try:
-            pkg_rows = ep.load()(progress=not args.quiet)
+            pkg_rows = load()(progress=not args.quiet)
         except Exception as err:
             pkg_rows = [
                 {
-                    "package": ep.name,
+                    "package": name,
                     "what": "demo",
                     "result": "FAIL",
                     "detail": f"{type(err).__name__}: {err}"[:200],
