@@ -1,7 +1,8 @@
 # ruff: noqa: B023  (every closure is timed inside the iteration that defines it)
 """gemm benchmarks: few-row linears vs cuBLAS bf16, ``torch._scaled_mm`` fp8 rowwise and torch's
 int4 weight-only GEMM; FP8 prefill vs ``_scaled_mm`` (alone and with separate epilogue ops);
-quantizing producers vs their bandwidth floor; a small tile sweep. Protocol: benchmarking.py."""
+NVFP4 W4A4 against FP8 W8A8 and bf16; quantizing producers vs their bandwidth floor; a small tile
+sweep. Protocol: benchmarking.py."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from flashrt_kernels.benchmarking import floor_us, rotation, time_graph_us
 from flashrt_kernels.gemm import few_rows, w4a8
 from flashrt_kernels.gemm.few_rows import linear
 from flashrt_kernels.gemm.fp8_linear import fp8_linear
+from flashrt_kernels.gemm.nvfp4_linear import nvfp4_linear
 from flashrt_kernels.gemm.w4a8 import w4a8_linear
 from flashrt_kernels.quant.int4 import make_int4_weight
+from flashrt_kernels.quant.nvfp4_rows import quantize_rows_nvfp4
 from flashrt_kernels.quant.reference import quantize_int4_groups
 from flashrt_kernels.quant.rows import quantize_rows, rms_norm_quantize, silu_mul_quantize
 from flashrt_kernels.registry import register_benchmark
@@ -240,6 +243,74 @@ def run_prefill(quick: bool = False) -> list[dict]:
     return out
 
 
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Frobenius norm of y - ref over that of ref (ref in float64)."""
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@register_benchmark("gemm_nvfp4", "gemm", "NVFP4 W4A4 (Hopper: dequantized to bf16) vs FP8 / bf16")
+def run_nvfp4(quick: bool = False) -> list[dict]:
+    """The same bf16 weights and activations four ways: cuBLAS bf16, our FP8 W8A8
+    (``fp8_linear``), ``torch._scaled_mm`` fp8 rowwise, our NVFP4 W4A4 (``nvfp4_linear``); each
+    quantized path also with its activation quantizer in the timed call. Bytes are the weight
+    bytes read (NVFP4: half a byte a value, one e4m3 scale per 16, an fp32 alpha per row); the
+    error is against the float64 product of the unquantized operands. On Hopper NVFP4 saves
+    weight memory, not arithmetic: its tiles are dequantized to bf16 for a bf16 dot."""
+    out = []
+    shapes = (
+        ((4096, 6144), (12288, 4096))
+        if quick
+        else ((2048, 22016), (4096, 6144), (4096, 24576), (12288, 4096))
+    )
+    for k, n in shapes:
+        w_bf = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        w8, ws = quantize_rows(w_bf, "fp8")
+        w4 = quantize_rows_nvfp4(w_bf)
+        bytes_w = {
+            "bf16": 2 * n * k,
+            "fp8": n * k + 4 * n,
+            "nvfp4": n * k // 2 + n * k // 16 + 4 * n,
+        }
+        for m in (16, 2048) if quick else (16, 256, 2048, 8192):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.double() @ w_bf.double().t()
+            y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            x8, xs = quantize_rows(x, "fp8")
+            a4 = quantize_rows_nvfp4(x)
+            sa, sb = xs[:, None], ws[None, :]
+
+            def smm():
+                return torch._scaled_mm(x8, w8.t(), scale_a=sa, scale_b=sb,
+                                        out_dtype=torch.bfloat16)  # fmt: skip
+
+            def fp8_q():
+                xq, s = quantize_rows(x, "fp8")
+                return fp8_linear(xq, s, w8, ws, out=y)
+
+            def nvfp4_q():
+                return nvfp4_linear(*quantize_rows_nvfp4(x), *w4, out=y)
+
+            t_bf16 = _t([lambda: F.linear(x, w_bf)])
+            t_fp8 = _t([lambda: fp8_linear(x8, xs, w8, ws, out=y)])
+            t_fp8_q = _t([fp8_q])
+            t_smm = _t([smm])
+            t_fp4 = _t([lambda: nvfp4_linear(*a4, *w4, out=y)])
+            t_fp4_q = _t([nvfp4_q])
+            tf = 2 * m * n * k / 1e6
+            out.append({
+                "M": m, "K": k, "N": n, "cublas_bf16_us": t_bf16, "fp8_us": t_fp8,
+                "fp8_quant_us": t_fp8_q, "scaled_mm_us": t_smm, "nvfp4_us": t_fp4,
+                "nvfp4_quant_us": t_fp4_q, "nvfp4_over_fp8": t_fp4 / t_fp8,
+                "nvfp4_tflops": tf / t_fp4, "fp8_tflops": tf / t_fp8,
+                "weight_mb_bf16": bytes_w["bf16"] / 1e6, "weight_mb_fp8": bytes_w["fp8"] / 1e6,
+                "weight_mb_nvfp4": bytes_w["nvfp4"] / 1e6,
+                "err_bf16": _rel_err(F.linear(x, w_bf), ref),
+                "err_fp8": _rel_err(fp8_linear(x8, xs, w8, ws), ref),
+                "err_nvfp4": _rel_err(nvfp4_linear(*a4, *w4), ref),
+            })  # fmt: skip
+    return out
+
+
 @register_benchmark("gemm_producers", "gemm", "RMSNorm / SiLU-mul -> INT8 / FP8 rows vs floor")
 def run_producers(quick: bool = False) -> list[dict]:
     out = []
@@ -276,7 +347,8 @@ def main() -> None:
     from flashrt_kernels.benchmarking import markdown_table, write_results
 
     table = {"gemm": run, "gemm_bf16": run_bf16, "gemm_bf16_prefill": run_bf16_prefill,
-             "gemm_prefill": run_prefill, "gemm_producers": run_producers}  # fmt: skip
+             "gemm_prefill": run_prefill, "gemm_nvfp4": run_nvfp4,
+             "gemm_producers": run_producers}  # fmt: skip
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
