@@ -415,3 +415,59 @@ def test_short_row_phase_tool_finds_its_stamp_lines():
     src = tool.stamped_source()
     assert all(f"STAMP({i});" in src for i in range(8))
     assert src.count("WALL(") == 2 + 1  # the two stamps and the macro's definition
+
+
+def test_nvrtc_compiles_the_select_source_without_a_gpu():
+    """The CUDA backend needs no CuPy: cuda.bindings' NVRTC (installed with torch's CUDA 13
+    wheels) compiles its source for sm_90 on a machine without a GPU, every kernel named."""
+    from flashrt_kernels import cuda_nvrtc
+    from flashrt_kernels.topk import cuda_select
+
+    if not cuda_nvrtc.available():
+        pytest.skip("no cuda.bindings / NVRTC here")
+    cubin, lowered = cuda_nvrtc.compile_cubin(cuda_select.source(), cuda_select.NAMES, "sm_90",
+                                              ("-std=c++17",))  # fmt: skip
+    assert cubin[:4] == b"\x7fELF"
+    assert sorted(lowered) == sorted(cuda_select.NAMES)
+    assert lowered["finish_kernel<0>"].startswith("_Z13finish_kernelILi0E")
+    assert all(name.encode() in cubin for name in lowered.values())
+    with pytest.raises(RuntimeError, match="could not compile"):
+        cuda_nvrtc.compile_cubin("__global__ void f() { undeclared(); }", ["f"], "sm_90")
+
+
+@pytest.mark.gpu
+def test_cuda_backend_through_nvrtc_gives_the_cupy_bits(monkeypatch):
+    """The backend compiled and launched through cuda.bindings (NVRTC + driver API: what runs
+    where CuPy is not installed) gives the reference's bits: short and long rows, fp32 and bf16,
+    per-row lengths, hint-free and hinted, with and without programmatic dependent launch, and
+    replayed in a CUDA graph."""
+    from flashrt_kernels import cuda_nvrtc
+    from flashrt_kernels.topk import cuda_select
+
+    if not torch.cuda.is_available() or not cuda_nvrtc.available():
+        pytest.skip("needs a CUDA device and cuda.bindings with NVRTC")
+    monkeypatch.setattr(cuda_select, "compiler", lambda: "nvrtc")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for b, n, k, dtype in ((3, 5000, 300, torch.float32), (2, 32768, 2048, torch.bfloat16),
+                           (4, 1 << 18, 1024, torch.float32)):  # fmt: skip
+        x = torch.randn(b, n, device="cuda", generator=gen).to(dtype)
+        lens = torch.tensor([n, n // 3, 0, n - 7][:b], dtype=torch.int32, device="cuda")
+        want = reference.topk(x.cpu(), k, lens.cpu())
+        hint = torch.topk(x.float(), k).indices.int()
+        for h in (None, hint):
+            for pdl in (False, True):
+                ov = torch.full((b, k), float("nan"), device="cuda", dtype=dtype)
+                oi = torch.full((b, k), -7, dtype=torch.int32, device="cuda")
+                cuda_select.launch(x, k, lens, ov, oi, None, h, None, pdl)
+                torch.cuda.synchronize()
+                assert torch.equal(oi.cpu(), want[1]), (b, n, k, dtype, h is None, pdl)
+                view = torch.int32 if dtype == torch.float32 else torch.int16
+                assert torch.equal(ov.cpu().view(view), want[0].view(view))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            cuda_select.launch(x, k, lens, ov, oi, None, None, None, True)
+        oi.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(oi.cpu(), want[1])
+    assert cuda_select._kernel.cache_info().currsize > 0

@@ -61,8 +61,12 @@ def backend_runs_on(backend: str, device: torch.device) -> bool:
         if device.type == "cuda":
             return _module_available("triton")
         return device.type == "cpu" and triton_interpreter_active() and _module_available("triton")
-    if backend == "cuda":
-        return device.type == "cuda" and _module_available("cupy")
+    if backend == "cuda":  # CuPy, or cuda.bindings with NVRTC (flashrt_kernels.cuda_nvrtc)
+        if device.type != "cuda":
+            return False
+        from flashrt_kernels import cuda_nvrtc
+
+        return _module_available("cupy") or cuda_nvrtc.available()
     if backend == "cute":
         return device.type == "cuda" and _module_available("cutlass")
     return False

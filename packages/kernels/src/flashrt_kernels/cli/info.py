@@ -37,6 +37,7 @@ def run(args) -> int:
         {"item": "triton", "value": _version("triton")},
         {"item": "cupy", "value": _version("cupy")},
         {"item": "cuda-python (cuda.bindings)", "value": _version("cuda.bindings")},
+        {"item": "CUDA C++ kernels compiled by", "value": _cuda_compiler()},
         {"item": "nvidia-cutlass-dsl", "value": _version("cutlass")},
     ]
     if torch.cuda.is_available():
@@ -63,3 +64,15 @@ def run(args) -> int:
         rows.append({"item": f"plugin {name}", "value": status})
     print(markdown_table(rows))
     return 0
+
+
+def _cuda_compiler() -> str:
+    """Who compiles the CUDA C++ backends here (``topk.cuda_select.compiler``), if anyone."""
+    from flashrt_kernels import cuda_nvrtc
+    from flashrt_kernels.backends import _module_available
+
+    if _module_available("cupy"):
+        return "CuPy (NVRTC)"
+    return (
+        "NVRTC through cuda.bindings" if cuda_nvrtc.available() else "nothing (no CuPy, no NVRTC)"
+    )

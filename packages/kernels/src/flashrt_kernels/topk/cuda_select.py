@@ -1,4 +1,8 @@
-"""Host side of the CUDA select (``select.cu``, backend ``"cuda"``, compiled by CuPy's NVRTC).
+"""Host side of the CUDA select (``select_block.cu`` + ``select.cu``, backend ``"cuda"``).
+
+The source is compiled by NVRTC: CuPy's where CuPy is installed (``compiler() == "cupy"``), else
+through ``cuda.bindings`` (``flashrt_kernels.cuda_nvrtc``: NVRTC and the driver API, which torch's
+CUDA 13 wheels install), so the backend needs no CuPy.
 
 One call is, by the rows' length ``N``:
 - ``N <= SHORT_MAX``: the finishing kernel alone (one block per row, the row in shared memory);
@@ -21,16 +25,18 @@ global memory: the result is the same); else, or with ``pdl=False``, through CuP
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import functools
 import math
 import warnings
 from importlib import resources
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from flashrt_kernels.backends import sm_count
+from flashrt_kernels import cuda_nvrtc
+from flashrt_kernels.backends import _module_available, sm_count
 from flashrt_kernels.topk import state as st
 
 SHORT_MAX = 32768  # rows up to this many elements are searched in one block's shared memory
@@ -73,26 +79,67 @@ def source() -> str:
     return "\n".join(pkg.joinpath(name).read_text() for name in SOURCES)
 
 
+NAMES = [f"{f}<{d}>" for f in KERNELS for d in (0, 1, 2)]  # every kernel, every score dtype
+
+
+def compiler() -> str:
+    """``"cupy"`` where CuPy is installed (its NVRTC, its launches without PDL), else
+    ``"nvrtc"`` (``cuda_nvrtc``: cuda.bindings' NVRTC and driver API)."""
+    return "cupy" if _module_available("cupy") else "nvrtc"
+
+
 @functools.cache
 def _module():
+    """The source as a CuPy module (compiled on first use, loaded per device by CuPy)."""
     import cupy
 
-    names = [f"{f}<{d}>" for f in KERNELS for d in (0, 1, 2)]
-    mod = cupy.RawModule(code=source(), options=("-std=c++17",), name_expressions=names)
+    return cupy.RawModule(code=source(), options=("-std=c++17",), name_expressions=NAMES)
+
+
+@functools.cache
+def _nvrtc_module(device_index: int) -> cuda_nvrtc.Module:
+    """The source compiled for device ``device_index``'s architecture and loaded there, the
+    finishing kernels opted in to ``MAX_SMEM`` of shared memory."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin, lowered = cuda_nvrtc.compile_cubin(source(), NAMES, f"sm_{major}{minor}",
+                                              ("-std=c++17",))  # fmt: skip
+    mod = cuda_nvrtc.Module(cubin, lowered, device_index)
+    for dt in (0, 1, 2):
+        mod.set_max_dynamic_smem(f"finish_kernel<{dt}>", MAX_SMEM)
     return mod
 
 
+class _Kernel(NamedTuple):
+    function: object  # a CUfunction (nvrtc) or its address (CuPy)
+    cupy: object | None  # CuPy's callable kernel (launches without PDL), or None
+
+
 @functools.cache
-def _kernel(name: str, dt: int):
+def _kernel(name: str, dt: int, how: str, device_index: int) -> _Kernel:
+    if how == "nvrtc":
+        return _Kernel(_nvrtc_module(device_index).function(f"{name}<{dt}>"), None)
     import cupy
 
     kern = _module().get_function(f"{name}<{dt}>")
+    fn = kern.function if hasattr(type(kern), "function") else kern.kernel
     if name == "finish_kernel":  # opt in to the largest shared-memory size a call asks for
-        fn = kern.function if hasattr(type(kern), "function") else kern.kernel
         drv = cupy.cuda.driver
         drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                              MAX_SMEM)  # fmt: skip
-    return kern
+    return _Kernel(fn.ptr, kern)
+
+
+def _launch_context(how: str, index: int, handle: int):
+    """Device ``index`` current (its primary context, torch's), and for CuPy's launches the
+    torch stream as CuPy's current stream."""
+    if how == "nvrtc":
+        return torch.cuda.device(index)
+    import cupy
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(cupy.cuda.Device(index))
+    stack.enter_context(_stream(index, handle))
+    return stack
 
 
 @functools.cache
@@ -148,7 +195,6 @@ def _driver():
     return driver
 
 
-_CTYPES = {np.uint64: ctypes.c_void_p, np.int32: ctypes.c_int, np.int64: ctypes.c_longlong}
 _PDL_BROKEN: list[str] = []  # the driver's answer when a PDL launch was refused (then CuPy)
 
 
@@ -158,35 +204,19 @@ def pdl_available() -> bool:
     return _driver() is not None and not _PDL_BROKEN
 
 
-def _launch_pdl(kern, grid, block, args, shared_mem, stream_handle) -> bool:
+def _launch_pdl(kern: _Kernel, grid, block, args, shared_mem, stream_handle) -> bool:
     """One launch through cuLaunchKernelEx with programmatic stream serialization; False (and no
     launch) when the driver refuses it."""
-    drv = _driver()
-    fn = kern.function if hasattr(type(kern), "function") else kern.kernel
-    cfg = drv.CUlaunchConfig()
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    block = tuple(block) + (1,) * (3 - len(block))
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-    cfg.sharedMemBytes = shared_mem
-    cfg.hStream = drv.CUstream(stream_handle)
-    attr = drv.CUlaunchAttribute()
-    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
-    params = (tuple(int(a) for a in args), tuple(_CTYPES[type(a)] for a in args))
     try:
-        res = drv.cuLaunchKernelEx(cfg, drv.CUfunction(fn.ptr), params, 0)
-        err = res[0] if isinstance(res, tuple) else res
-        ok = err == drv.CUresult.CUDA_SUCCESS
+        err = cuda_nvrtc.launch(kern.function, grid, block, args, shared_mem, stream_handle,
+                                pdl=True)  # fmt: skip
     except Exception as exc:  # an API mismatch of this cuda.bindings: nothing was launched
-        err, ok = repr(exc), False
-    if not ok:
+        err = repr(exc)
+    if err != 0:
         _PDL_BROKEN.append(str(err))
-        warnings.warn(f"topk cuda: PDL launch refused ({err}); launching through CuPy",
+        warnings.warn(f"topk cuda: PDL launch refused ({err}); launching without PDL",
                       RuntimeWarning, stacklevel=3)  # fmt: skip
-    return ok
+    return err == 0
 
 
 def _ptr(t: torch.Tensor | None) -> np.uint64:
@@ -196,9 +226,8 @@ def _ptr(t: torch.Tensor | None) -> np.uint64:
 def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
            pdl: bool = True) -> None:  # fmt: skip
     """All launches of one call (inputs validated by ``api``). ``pdl``: programmatic dependent
-    launches where available (see the module docstring); False launches through CuPy."""
-    import cupy
-
+    launches where available (see the module docstring); False launches without (through CuPy
+    where it compiled the source)."""
     b, n = scores.shape
     dev = scores.device
     dt = _DT[scores.dtype]
@@ -210,17 +239,22 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
     sc, stride, ln = _ptr(scores), i64(scores.stride(0)), _ptr(lengths)
     ctrl, seg, segcnt = _ptr(ws["ctrl"]), _ptr(ws["seg"]), _ptr(ws["segcnt"])
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    stream = _stream(index, torch.cuda.current_stream(dev).cuda_stream)
     handle = torch.cuda.current_stream(dev).cuda_stream
+    how = compiler()
     use_pdl = pdl and pdl_available()
 
     def run(name, grid, block, args, shared_mem=0):
-        kern = _kernel(name, dt)
+        kern = _kernel(name, dt, how, index)
         if use_pdl and _launch_pdl(kern, grid, block, args, shared_mem, handle):
             return
-        kern(grid, block, args, shared_mem=shared_mem)
+        if kern.cupy is not None:
+            kern.cupy(grid, block, args, shared_mem=shared_mem)
+            return
+        err = cuda_nvrtc.launch(kern.function, grid, block, args, shared_mem, handle, pdl=False)
+        if err != 0:
+            raise RuntimeError(f"topk cuda: launching {name} failed (CUresult {err})")
 
-    with cupy.cuda.Device(index), stream:
+    with _launch_context(how, index, handle):
         if s:
             grid, block = (s, b), (512,)
             if hint is None:
