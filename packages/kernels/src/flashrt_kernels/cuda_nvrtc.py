@@ -106,17 +106,15 @@ class Module:
         _check(driver.cuFuncSetAttribute(self.function(name), attr, nbytes), "cuFuncSetAttribute")
 
 
-def launch(function, grid, block, args, shared_mem: int, stream_handle: int, pdl: bool) -> int:
-    """One ``cuLaunchKernelEx`` of ``function`` (a ``CUfunction`` or its address) on the stream
-    with handle ``stream_handle``; ``args`` are numpy scalars (np.uint64 for pointers, np.int32,
-    np.int64). ``pdl``: programmatic stream serialization. Returns the driver's status (0: ok)."""
+@functools.lru_cache(maxsize=256)
+def _config(grid: tuple, block: tuple, shared_mem: int, stream_handle: int, pdl: bool):
+    """A launch configuration, built once per shape and stream (a call's host time counts when
+    the launches are not captured in a graph)."""
     from cuda.bindings import driver as drv
 
     cfg = drv.CUlaunchConfig()
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    block = tuple(block) + (1,) * (3 - len(block))
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = tuple(grid) + (1,) * (3 - len(grid))
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = tuple(block) + (1,) * (3 - len(block))
     cfg.sharedMemBytes = shared_mem
     cfg.hStream = drv.CUstream(stream_handle)
     if pdl:
@@ -127,7 +125,22 @@ def launch(function, grid, block, args, shared_mem: int, stream_handle: int, pdl
         cfg.numAttrs = 1
     else:
         cfg.numAttrs = 0
+    return cfg
+
+
+@functools.lru_cache(maxsize=256)
+def _arg_types(types: tuple) -> tuple:
+    return tuple(_CTYPES[t] for t in types)
+
+
+def launch(function, grid, block, args, shared_mem: int, stream_handle: int, pdl: bool) -> int:
+    """One ``cuLaunchKernelEx`` of ``function`` (a ``CUfunction`` or its address) on the stream
+    with handle ``stream_handle``; ``args`` are numpy scalars (np.uint64 for pointers, np.int32,
+    np.int64). ``pdl``: programmatic stream serialization. Returns the driver's status (0: ok)."""
+    from cuda.bindings import driver as drv
+
+    cfg = _config(tuple(grid), tuple(block), shared_mem, stream_handle, pdl)
     fn = function if isinstance(function, drv.CUfunction) else drv.CUfunction(int(function))
-    params = (tuple(int(a) for a in args), tuple(_CTYPES[type(a)] for a in args))
+    params = (tuple(int(a) for a in args), _arg_types(tuple(type(a) for a in args)))
     res = drv.cuLaunchKernelEx(cfg, fn, params, 0)
     return int(res[0] if isinstance(res, tuple) else res)
