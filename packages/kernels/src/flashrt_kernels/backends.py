@@ -26,7 +26,7 @@ def triton_interpreter_active() -> bool:
 
 
 @functools.cache
-def _module_available(name: str) -> bool:
+def module_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
@@ -59,16 +59,16 @@ def backend_runs_on(backend: str, device: torch.device) -> bool:
         return True
     if backend == "triton":
         if device.type == "cuda":
-            return _module_available("triton")
-        return device.type == "cpu" and triton_interpreter_active() and _module_available("triton")
+            return module_available("triton")
+        return device.type == "cpu" and triton_interpreter_active() and module_available("triton")
     if backend == "cuda":  # CuPy, or cuda.bindings with NVRTC (flashrt_kernels.cuda_nvrtc)
         if device.type != "cuda":
             return False
         from flashrt_kernels import cuda_nvrtc
 
-        return _module_available("cupy") or cuda_nvrtc.available()
+        return module_available("cupy") or cuda_nvrtc.available()
     if backend == "cute":
-        return device.type == "cuda" and _module_available("cutlass")
+        return device.type == "cuda" and module_available("cutlass")
     return False
 
 

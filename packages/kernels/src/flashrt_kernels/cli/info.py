@@ -69,9 +69,9 @@ def run(args) -> int:
 def _cuda_compiler() -> str:
     """Who compiles the CUDA C++ backends here (``topk.cuda_select.compiler``), if anyone."""
     from flashrt_kernels import cuda_nvrtc
-    from flashrt_kernels.backends import _module_available
+    from flashrt_kernels.backends import module_available
 
-    if _module_available("cupy"):
+    if module_available("cupy"):
         return "CuPy (NVRTC)"
     return (
         "NVRTC through cuda.bindings" if cuda_nvrtc.available() else "nothing (no CuPy, no NVRTC)"
