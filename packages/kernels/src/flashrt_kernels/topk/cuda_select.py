@@ -20,7 +20,8 @@ stream.
 Launches go through ``cuLaunchKernelEx`` with programmatic stream serialization (programmatic
 dependent launch, sm_90+) where ``cuda.bindings`` is importable, so that each pass's launch
 overlaps the one before (every kernel waits for its predecessor's completion before it touches
-global memory: the result is the same); else, or with ``pdl=False``, through CuPy.
+global memory: the result is the same); else, or with ``pdl=False``, without the attribute
+(through CuPy where CuPy compiled the source).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def _driver():
     return driver
 
 
-_PDL_BROKEN: list[str] = []  # the driver's answer when a PDL launch was refused (then CuPy)
+_PDL_BROKEN: list[str] = []  # the driver's answer when a PDL launch was refused (then no PDL)
 
 
 def pdl_available() -> bool:
