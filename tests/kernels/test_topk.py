@@ -435,6 +435,27 @@ def test_nvrtc_compiles_the_select_source_without_a_gpu():
         cuda_nvrtc.compile_cubin("__global__ void f() { undeclared(); }", ["f"], "sm_90")
 
 
+def test_nvrtc_cubins_are_cached_on_disk(tmp_path, monkeypatch):
+    """Only a machine's first process compiles: the second call reads the cubin and the lowered
+    names back (and compiles again if the cache was damaged)."""
+    from flashrt_kernels import cuda_nvrtc
+
+    if not cuda_nvrtc.available():
+        pytest.skip("no cuda.bindings / NVRTC here")
+    src, names = "template <int N> __global__ void f(int* p) { p[0] = N; }", ["f<1>", "f<2>"]
+    first = cuda_nvrtc.cached_cubin(src, names, "sm_90", directory=tmp_path)
+    assert len(list(tmp_path.glob("*.cubin"))) == 1 and len(list(tmp_path.glob("*.json"))) == 1
+    calls = []
+    monkeypatch.setattr(cuda_nvrtc, "compile_cubin", lambda *a: calls.append(a) or first)
+    assert cuda_nvrtc.cached_cubin(src, names, "sm_90", directory=tmp_path) == first
+    assert calls == []  # read from the cache
+    next(tmp_path.glob("*.cubin")).write_bytes(b"junk")
+    assert cuda_nvrtc.cached_cubin(src, names, "sm_90", directory=tmp_path) == first
+    assert len(calls) == 1  # a damaged entry is compiled again
+    assert cuda_nvrtc.cached_cubin(src, names, "sm_89", directory=tmp_path) == first
+    assert len(calls) == 2  # another architecture is another entry
+
+
 @pytest.mark.gpu
 def test_cuda_backend_through_nvrtc_gives_the_cupy_bits(monkeypatch):
     """The backend compiled and launched through cuda.bindings (NVRTC + driver API: what runs

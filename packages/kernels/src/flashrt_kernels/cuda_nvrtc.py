@@ -3,14 +3,21 @@ API loads it into the device's primary context (torch's) and launches it, all th
 ``cuda.bindings`` (which torch's CUDA 13 wheels install, with the NVRTC library).
 
 ``available()`` says whether this process can do so; ``compile_cubin`` needs no GPU (tests use
-it); ``Module`` hands out ``CUfunction`` handles by the name expressions given to the compiler;
-``launch`` is one ``cuLaunchKernelEx``, optionally a programmatic dependent launch (sm_90+).
+it); ``cached_cubin`` keeps its results on disk (like Triton's and CuPy's caches), so only a
+machine's first process pays the compile; ``Module`` hands out ``CUfunction`` handles by the name
+expressions given to the compiler; ``launch`` is one ``cuLaunchKernelEx``, optionally a
+programmatic dependent launch (sm_90+).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -68,6 +75,44 @@ def compile_cubin(source: str, names: list[str], arch: str,
         return cubin, {k: v.decode() if isinstance(v, bytes) else v for k, v in lowered.items()}
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def cache_dir() -> Path:
+    """Where compiled cubins are kept: ``$XDG_CACHE_HOME/flashrt`` (default ``~/.cache/flashrt``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flashrt"
+
+
+def cached_cubin(source: str, names: list[str], arch: str, options: tuple[str, ...] = (),
+                 directory: Path | None = None) -> tuple[bytes, dict[str, str]]:  # fmt: skip
+    """``compile_cubin``'s result, from the cache when this source, names, architecture, options
+    and NVRTC version were compiled before (a cubin and a JSON file of lowered names, written
+    atomically); an unwritable cache only costs the compile."""
+    from cuda.bindings import nvrtc
+
+    version = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    key = hashlib.sha256(json.dumps([source, names, arch, list(options), list(version)])
+                         .encode()).hexdigest()[:32]  # fmt: skip
+    directory = directory or cache_dir()
+    cubin_path, names_path = directory / f"{key}.cubin", directory / f"{key}.json"
+    try:
+        lowered = json.loads(names_path.read_text())
+        cubin = cubin_path.read_bytes()
+        if sorted(lowered) == sorted(names) and cubin[:4] == b"\x7fELF":
+            return cubin, lowered
+    except (OSError, ValueError):
+        pass
+    cubin, lowered = compile_cubin(source, names, arch, options)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for path, data in ((cubin_path, cubin), (names_path, json.dumps(lowered).encode())):
+            fd, tmp = tempfile.mkstemp(dir=directory)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+    except OSError:
+        pass
+    return cubin, lowered
 
 
 class Module:

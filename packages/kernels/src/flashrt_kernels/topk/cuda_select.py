@@ -102,8 +102,8 @@ def _nvrtc_module(device_index: int) -> cuda_nvrtc.Module:
     """The source compiled for device ``device_index``'s architecture and loaded there, the
     finishing kernels opted in to ``MAX_SMEM`` of shared memory."""
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin, lowered = cuda_nvrtc.compile_cubin(source(), NAMES, f"sm_{major}{minor}",
-                                              ("-std=c++17",))  # fmt: skip
+    cubin, lowered = cuda_nvrtc.cached_cubin(source(), NAMES, f"sm_{major}{minor}",
+                                             ("-std=c++17",))  # fmt: skip
     mod = cuda_nvrtc.Module(cubin, lowered, device_index)
     for dt in (0, 1, 2):
         mod.set_max_dynamic_smem(f"finish_kernel<{dt}>", MAX_SMEM)
