@@ -53,6 +53,16 @@ def pdl_supported(device: torch.device) -> bool:
     return cap is not None and cap[0] >= 9
 
 
+def cuda_compiler() -> str | None:
+    """Who compiles the CUDA C++ backends in this process: ``"cupy"`` where CuPy is installed,
+    else ``"nvrtc"`` where cuda.bindings' NVRTC loads (``flashrt_kernels.cuda_nvrtc``), else None."""
+    if module_available("cupy"):
+        return "cupy"
+    from flashrt_kernels import cuda_nvrtc
+
+    return "nvrtc" if cuda_nvrtc.available() else None
+
+
 def backend_runs_on(backend: str, device: torch.device) -> bool:
     """Whether ``backend`` can execute on ``device`` in this process."""
     if backend == "reference":
@@ -61,12 +71,8 @@ def backend_runs_on(backend: str, device: torch.device) -> bool:
         if device.type == "cuda":
             return module_available("triton")
         return device.type == "cpu" and triton_interpreter_active() and module_available("triton")
-    if backend == "cuda":  # CuPy, or cuda.bindings with NVRTC (flashrt_kernels.cuda_nvrtc)
-        if device.type != "cuda":
-            return False
-        from flashrt_kernels import cuda_nvrtc
-
-        return module_available("cupy") or cuda_nvrtc.available()
+    if backend == "cuda":
+        return device.type == "cuda" and cuda_compiler() is not None
     if backend == "cute":
         return device.type == "cuda" and module_available("cutlass")
     return False

@@ -67,12 +67,9 @@ def run(args) -> int:
 
 
 def _cuda_compiler() -> str:
-    """Who compiles the CUDA C++ backends here (``topk.cuda_select.compiler``), if anyone."""
-    from flashrt_kernels import cuda_nvrtc
-    from flashrt_kernels.backends import module_available
+    """Who compiles the CUDA C++ backends here (``backends.cuda_compiler``), if anyone."""
+    from flashrt_kernels.backends import cuda_compiler
 
-    if module_available("cupy"):
-        return "CuPy (NVRTC)"
-    return (
-        "NVRTC through cuda.bindings" if cuda_nvrtc.available() else "nothing (no CuPy, no NVRTC)"
+    return {"cupy": "CuPy (NVRTC)", "nvrtc": "NVRTC through cuda.bindings"}.get(
+        cuda_compiler(), "nothing (no CuPy, no NVRTC)"
     )

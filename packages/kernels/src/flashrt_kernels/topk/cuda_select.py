@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from flashrt_kernels import cuda_nvrtc
-from flashrt_kernels.backends import module_available, sm_count
+from flashrt_kernels.backends import cuda_compiler, sm_count
 from flashrt_kernels.topk import state as st
 
 SHORT_MAX = 32768  # rows up to this many elements are searched in one block's shared memory
@@ -85,8 +85,8 @@ NAMES = [f"{f}<{d}>" for f in KERNELS for d in (0, 1, 2)]  # every kernel, every
 
 def compiler() -> str:
     """``"cupy"`` where CuPy is installed (its NVRTC, its launches without PDL), else
-    ``"nvrtc"`` (``cuda_nvrtc``: cuda.bindings' NVRTC and driver API)."""
-    return "cupy" if module_available("cupy") else "nvrtc"
+    ``"nvrtc"`` (``cuda_nvrtc``: cuda.bindings' NVRTC and driver API): ``backends.cuda_compiler``."""
+    return cuda_compiler() or "nvrtc"
 
 
 @functools.cache
