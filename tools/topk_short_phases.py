@@ -42,8 +42,8 @@ STAMPS = [
         "    if (DT == 0) cp_async_wait_all();\n    STAMP(1);",
     ),
     (
-        "        find_bucket(hist, HIST_BINS, kk, scratch + 40, scratch);\n",
-        "        STAMP(2);\n        find_bucket(hist, HIST_BINS, kk, scratch + 40, scratch);\n"
+        "        find_bucket_warps(hist, HIST_BINS, kk, scratch + 64, scratch);\n",
+        "        STAMP(2);\n        find_bucket_warps(hist, HIST_BINS, kk, scratch + 64, scratch);\n"
         "        STAMP(3);\n",
     ),
     (

@@ -51,7 +51,9 @@ STEPS = 3  # step launches after the counting pass (digit passes 0..2 end in a k
 FINISH_THREADS = 1024
 
 
-AUX_WORDS = 8192 + 8192 // 4 + 64  # select.cu's AUX_WORDS: a narrowed bucket, owners, counts
+AUX_WORDS = 8192 + 8192 // 4 + 64 + HIST_BINS + 256  # select_block.cu's AUX_WORDS: a narrowed
+# bucket, its owners, the warp counts, a short row's pass 1 / 2 histograms
+SCRATCH_WORDS = 96  # select_block.cu's SCRATCH_WORDS
 
 
 def _keys_words(short_max: int, multi: bool) -> int:
@@ -62,7 +64,7 @@ def _keys_words(short_max: int, multi: bool) -> int:
 def _finish_smem(short_max: int, multi: bool) -> int:
     """Bytes of shared memory the finishing block needs: the histogram, scratch, the keys, and
     the buffer for a narrowed bucket with its owners and the per-warp counts."""
-    return 4 * (HIST_BINS + 64 + _keys_words(short_max, multi) + AUX_WORDS)
+    return 4 * (HIST_BINS + SCRATCH_WORDS + _keys_words(short_max, multi) + AUX_WORDS)
 
 
 MAX_SMEM = _finish_smem(SHORT_MAX, True)  # the finishing block's largest need

@@ -423,8 +423,8 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
     int* out_idx, void* out_val, int* state, int state_words) {
     extern __shared__ __align__(16) int smem[];
     int* hist = smem;                   // HIST_BINS
-    int* scratch = hist + HIST_BINS;    // 64
-    u32* keys = (u32*)(scratch + 64);   // max(short_max, 2 cap)
+    int* scratch = hist + HIST_BINS;    // SCRATCH_WORDS
+    u32* keys = (u32*)(scratch + SCRATCH_WORDS);  // max(short_max, 2 cap)
     WarpCounts wk{keys + keys_words,                                   // BUF_WORDS keys
                   (unsigned char*)(keys + keys_words + BUF_WORDS),       // BUF_WORDS owners
                   (int*)(keys + keys_words + BUF_WORDS + BUF_WORDS / 4),  // 64 counts
@@ -445,11 +445,11 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
     u32 t = 0u, acc_key = 0u;
     int ties = 0, acc_count = len, rounds = 0;
     if (kk > 0 && status == -1) {  // the row in shared memory; digit pass 0 as it arrives
-        load_short_row<DT>(row, len, keys, hist);
-        find_bucket(hist, HIST_BINS, kk, scratch + 40, scratch);
-        const int d0 = scratch[40], above0 = scratch[41], slots = (blockDim.x >> 5) * REGION_SLOTS;
-        const bool few = above0 + hist[d0] <= slots;  // candidates: the keys in or above d0
-        __syncthreads();
+        int* hist1 = (int*)(wk.wc + 64);  // digit passes 1 and 2 (HIST_BINS, 256)
+        load_short_row<DT>(row, len, keys, hist, hist1, hist1 + HIST_BINS);
+        find_bucket_warps(hist, HIST_BINS, kk, scratch + 64, scratch);
+        const int d0 = scratch[64], above0 = scratch[65], slots = (blockDim.x >> 5) * REGION_SLOTS;
+        const bool few = above0 + scratch[66] <= slots;  // candidates: the keys in or above d0
         // the candidates, in index order, into per-warp regions (the buffer's space; keys[]
         // stays); the remaining passes and the emission then read only them
         u32* ck = wk.buf;
@@ -457,9 +457,8 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
         const u32 lo_key = (u32)d0 << pass_shift(0);
         if (few && compact_regions(keys, len, lo_key, ck, ci)) {
             SmemPairs src{ck, ci};
-            WarpCounts unbuffered{nullptr, nullptr, nullptr, 0};  // regions are small: no buffer
-            block_search(src, slots, 1, lo_key, kk - above0, hist, scratch, &t, &ties, unbuffered,
-                         false, false);
+            short_search(src, slots, lo_key, kk - above0, hist1, hist1 + HIST_BINS, scratch, &t,
+                         &ties);
             block_emit<DT>(src, slots, t, ties, oi, ov, row, scratch, nullptr);
         } else {  // some warp's range holds more than its region: passes over the whole row
             SmemKeys src{keys};

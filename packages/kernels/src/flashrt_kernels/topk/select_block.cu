@@ -57,7 +57,9 @@
 #define BOUND_BITS 11      // digit of the bound's histogram passes over the group maxima
 #define BOUND_BINS (1 << BOUND_BITS)
 #define BUF_WORDS 8192  // the finishing block's buffer for a narrowed bucket
-#define AUX_WORDS (BUF_WORDS + BUF_WORDS / 4 + 64)  // with its owners and the warp counts
+#define AUX_WORDS (BUF_WORDS + BUF_WORDS / 4 + 64 + HIST_BINS + 256)  // + owners, warp counts,
+                                                                  // a short row's pass 1 / 2 bins
+#define SCRATCH_WORDS 96  // the finishing block's scratch: scans, warp counts, bucket results
 #define TILE_ITEMS 8   // consecutive 32-element rows a warp covers per compaction tile
 #define LOAD_ITEMS 16
 #define HINT_ITEMS 8   // hinted positions per thread of a counting block (k <= 8 x 512)
@@ -322,6 +324,57 @@ __device__ void find_bucket(const int* h, int nb, int need, int* out, int* scrat
     __syncthreads();
 }
 
+// The same search in two barriers (every thread calls; nb a multiple of the warps, at most
+// 32 x 32 x 4 bins): warp w sums the bins of its nb / warps range, then every warp finds, from
+// the warp totals, the warp whose range holds the need-th largest, and that warp finds the lane and
+// the bin. out[0] = d, out[1] = count in the bins above d, out[2] = h[d]. scratch: the warp totals
+// (32 ints); out must not overlap it, nor anything the block writes before its next barrier.
+__device__ void find_bucket_warps(const int* h, int nb, int need, int* out, int* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int bw = nb / nw;                // bins per warp
+    const int q = bw > 32 ? bw >> 5 : 1;   // bins per lane
+    const int lb = warp * bw + lane * q;   // this lane's first bin
+    int s = 0;
+    if (lane * q < bw)
+        for (int j = 0; j < q; ++j) s += h[lb + j];
+    const int wsum = (int)__reduce_add_sync(0xffffffffu, (u32)s);
+    if (lane == 0) scratch[warp] = wsum;
+    __syncthreads();
+    // suffix sums over the warps (bins ascend with the warp; ranks count from the largest key)
+    const int t = lane < nw ? scratch[lane] : 0;
+    int suf = t;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_down_sync(0xffffffffu, suf, o);
+        if (lane + o < 32) suf += y;
+    }
+    const int ws = 31 - __clz(__ballot_sync(0xffffffffu, suf >= need));  // the warp with the bin
+    if (warp == ws) {
+        int lsuf = s;  // suffix over the lanes, plus every warp above
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_down_sync(0xffffffffu, lsuf, o);
+            if (lane + o < 32) lsuf += y;
+        }
+        lsuf += __shfl_sync(0xffffffffu, suf, ws) - __shfl_sync(0xffffffffu, t, ws);
+        const int ls = 31 - __clz(__ballot_sync(0xffffffffu, lsuf >= need));
+        if (lane == ls) {
+            int acc = lsuf - s;  // the bins above this lane's
+            for (int j = q - 1; j >= 0; --j) {
+                const int c = h[lb + j];
+                if (acc + c >= need) {
+                    out[0] = lb + j;
+                    out[1] = acc;
+                    out[2] = c;
+                    break;
+                }
+                acc += c;
+            }
+        }
+    }
+    __syncthreads();
+}
+
 __device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 20 : (pass == 1 ? 8 : 0); }
 __device__ __forceinline__ int pass_bins(int pass) { return pass < 2 ? 4096 : 256; }
 __device__ __forceinline__ u32 pass_mask(int pass) {  // the digits found before `pass`
@@ -530,17 +583,23 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 
 // The keys of row[0, len) into keys[], and digit pass 0's histogram of them into hist (zeroed
-// here). fp32 rows are copied asynchronously, all at once, then turned into keys in place (each
-// thread converts the elements it copied); 16-bit rows load SHORT_LOADS per thread at a time.
+// here, as are hist1 and hist2 for passes 1 and 2). fp32 rows are copied asynchronously, all at
+// once, then turned into keys in place (each thread converts the elements it copied); 16-bit rows
+// load SHORT_LOADS per thread at a time.
 template <int DT>
-__device__ void load_short_row(const void* row, int len, u32* keys, int* hist) {
+__device__ void load_short_row(const void* row, int len, u32* keys, int* hist, int* hist1,
+                               int* hist2) {
     if (DT == 0) {  // 16-byte copies where the row starts on 16 bytes (keys[] always does)
         const u32* src = (const u32*)row;
         const int vec = ((unsigned long long)src & 15u) == 0u ? len >> 2 : 0;
         for (int i = threadIdx.x; i < vec; i += blockDim.x) cp_async16(keys + 4 * i, src + 4 * i);
         for (int i = 4 * vec + threadIdx.x; i < len; i += blockDim.x) cp_async4(keys + i, src + i);
     }
-    for (int j = threadIdx.x; j < HIST_BINS; j += blockDim.x) hist[j] = 0;
+    for (int j = threadIdx.x; j < HIST_BINS; j += blockDim.x) {
+        hist[j] = 0;
+        hist1[j] = 0;
+    }
+    if (threadIdx.x < 256) hist2[threadIdx.x] = 0;
     if (DT == 0) cp_async_wait_all();
     __syncthreads();
     if (DT == 0) {  // four keys a thread at a time (16-byte shared accesses), then the tail
@@ -601,4 +660,31 @@ __device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck,
     }
     for (int p = pos + lane; p < REGION_SLOTS; p += 32) my_k[p] = 0u;
     return !__syncthreads_or(pos > REGION_SLOTS);
+}
+
+// Digit passes 1 and 2 over a short row's compacted candidates (src[0..count)): each one sweep
+// into its own histogram, zeroed by load_short_row, and a two-barrier bucket search, with the
+// results in scratch slots of their own (SCRATCH_WORDS: 64..75), so no barrier guards a reuse.
+// prefix / need: pass 0's bucket and the rank still needed in it. T and the ties to keep out.
+__device__ void short_search(const SmemPairs& src, int count, u32 prefix, int need, int* hist1,
+                             int* hist2, int* scratch, u32* t_out, int* ties_out) {
+    for (int base = 0; base < count; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const u32 u = i < count ? src.key(i) : 0u;
+        hist_add(hist1, (u >> pass_shift(1)) & (u32)(HIST_BINS - 1),
+                 i < count && (u & pass_mask(1)) == prefix);
+    }
+    __syncthreads();
+    find_bucket_warps(hist1, HIST_BINS, need, scratch + 68, scratch);
+    prefix |= (u32)scratch[68] << pass_shift(1);
+    need -= scratch[69];
+    for (int base = 0; base < count; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const u32 u = i < count ? src.key(i) : 0u;
+        hist_add(hist2, u & 255u, i < count && (u & pass_mask(2)) == prefix);
+    }
+    __syncthreads();
+    find_bucket_warps(hist2, 256, need, scratch + 72, scratch);
+    *t_out = prefix | (u32)scratch[72];
+    *ties_out = need - scratch[73];
 }
