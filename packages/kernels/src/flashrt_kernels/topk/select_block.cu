@@ -645,18 +645,39 @@ __device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck,
     u32* my_k = ck + warp * REGION_SLOTS;
     int* my_i = ci + warp * REGION_SLOTS;
     int lo, hi, pos = 0;
-    warp_range(count, &lo, &hi);
-    for (int base = lo; base < hi; base += 32) {
-        int i = base + lane;
-        u32 u = i < hi ? keys[i] : 0u;
-        bool sel = i < hi && u >= lo_key;
-        u32 bal = __ballot_sync(0xffffffffu, sel);
-        int p = pos + __popc(bal & below);
-        if (sel && p < REGION_SLOTS) {
-            my_k[p] = u;
-            my_i[p] = i;
+    warp_range(count, &lo, &hi);  // lo: a multiple of 32, so keys + i0 is 16-byte aligned
+    for (int base = lo; base < hi; base += 128) {  // four consecutive keys a lane
+        const int i0 = base + 4 * lane;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (i0 + 3 < hi) {
+            v = *(const uint4*)(keys + i0);
+        } else {
+            if (i0 < hi) v.x = keys[i0];
+            if (i0 + 1 < hi) v.y = keys[i0 + 1];
+            if (i0 + 2 < hi) v.z = keys[i0 + 2];
         }
-        pos += __popc(bal);
+        const u32 u[4] = {v.x, v.y, v.z, v.w};
+        bool sel[4];
+        int before = 0, all = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            sel[j] = i0 + j < hi && u[j] >= lo_key;
+            const u32 bal = __ballot_sync(0xffffffffu, sel[j]);
+            before += __popc(bal & below);  // selected keys of the lanes before (index order)
+            all += __popc(bal);
+        }
+        int p = pos + before;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (sel[j]) {
+                if (p < REGION_SLOTS) {
+                    my_k[p] = u[j];
+                    my_i[p] = i0 + j;
+                }
+                ++p;
+            }
+        }
+        pos += all;
     }
     for (int p = pos + lane; p < REGION_SLOTS; p += 32) my_k[p] = 0u;
     return !__syncthreads_or(pos > REGION_SLOTS);
