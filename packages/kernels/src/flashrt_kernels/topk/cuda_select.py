@@ -57,8 +57,9 @@ SCRATCH_WORDS = 96  # select_block.cu's SCRATCH_WORDS
 
 
 def _keys_words(short_max: int, multi: bool) -> int:
-    """Shared words for the keys of a short row or the candidates' keys and indices."""
-    return max(short_max, 2 * CAP if multi else 0)
+    """Shared words for the keys of a short row or the candidates' keys and indices (a multiple
+    of 4, so that the buffer after them starts on 16 bytes)."""
+    return -(-max(short_max, 2 * CAP if multi else 0) // 4) * 4
 
 
 def _finish_smem(short_max: int, multi: bool) -> int:

@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
             SmemPairs src{ck, ci};
             short_search(src, slots, lo_key, kk - above0, hist1, hist1 + HIST_BINS, scratch, &t,
                          &ties);
-            block_emit<DT>(src, slots, t, ties, oi, ov, row, scratch, nullptr);
+            emit_regions<DT>(ck, ci, t, ties, oi, ov, row, scratch);
         } else {  // some warp's range holds more than its region: passes over the whole row
             SmemKeys src{keys};
             bool wc =
