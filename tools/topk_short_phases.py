@@ -51,9 +51,9 @@ STAMPS = [
         "            STAMP(4);\n            SmemPairs src{ck, ci};\n",
     ),
     (
-        "            block_emit<DT>(src, slots, t, ties, oi, ov, row, scratch, nullptr);\n",
+        "            emit_regions<DT>(ck, ci, t, ties, oi, ov, row, scratch);\n",
         "            STAMP(5);\n"
-        "            block_emit<DT>(src, slots, t, ties, oi, ov, row, scratch, nullptr);\n"
+        "            emit_regions<DT>(ck, ci, t, ties, oi, ov, row, scratch);\n"
         "            STAMP(6);\n",
     ),
     (
