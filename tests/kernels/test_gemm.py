@@ -207,3 +207,29 @@ def test_wide_tiles_give_the_few_row_bits(k):
         assert torch.equal(
             linear_gate_up_swiglu(x, wg), linear_gate_up_swiglu(x, wg, config=narrow)
         )
+
+
+@pytest.mark.parametrize("m", [3, 70])
+def test_nvfp4_activations_dequantized_in_the_loop_or_before_give_the_same_bits(m):
+    """``nvfp4_linear`` dequantizes the activation tile in its loop (up to 64 rows) or all of it to
+    bf16 before the loop (above): the same exact values in the same dot, so the same bits; both
+    faithful to float64 (the property tests bound the default path)."""
+    from flashrt_kernels.gemm.nvfp4_linear import (
+        nvfp4_launch_config,
+        nvfp4_linear,
+        reference_nvfp4_linear,
+    )
+    from flashrt_kernels.quant.reference import nvfp4_quantize
+    from flashrt_kernels.testing import test_device
+
+    device = test_device()
+    x, w = _bf16(m, 192, seed=m).float().to(device), _bf16(40, 192, seed=9).float().to(device)
+    a, b = nvfp4_quantize(x, per_row=True), nvfp4_quantize(w, per_row=True)
+    cfg = nvfp4_launch_config(m, 40, 192)
+    y_loop, y_before = (
+        nvfp4_linear(*a, *b, backend="triton", config={**cfg, "A_CODES": in_loop})
+        for in_loop in (True, False)
+    )
+    assert torch.equal(y_loop, y_before)
+    ref = reference_nvfp4_linear(*a, *b).double()
+    assert ((y_loop.double() - ref).abs() <= 2.0**-7 * ref.abs() + 1e-3).all()

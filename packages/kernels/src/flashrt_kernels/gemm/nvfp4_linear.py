@@ -1,8 +1,11 @@
 """NVFP4 W4A4 GEMM for GPUs without FP4 tensor cores (Hopper): both operands arrive as e2m1 codes
-with UE4M3 block scales (``quant.quantize_rows_nvfp4`` / ``reference.nvfp4_quantize``); each tile is
-dequantized in registers to bf16 (exactly: an e2m1 value times an e4m3 scale has at most 6
-significant bits) before a bf16 tensor-core dot with fp32 accumulation; the row alphas multiply
-in the epilogue. It saves weight memory and bandwidth, not arithmetic.
+with UE4M3 block scales (``quant.quantize_rows_nvfp4`` / ``reference.nvfp4_quantize``). Each weight
+tile is dequantized in registers to bf16 (exactly: an e2m1 value times an e4m3 scale has at most 6
+significant bits) and is the left operand of a bf16 tensor-core dot with fp32 accumulation (the
+product is computed transposed, so the few activation rows of a decode step are the dot's narrow
+side). Up to 64 rows the activation tiles are dequantized in the loop too; above, once to bf16 by
+a small kernel before it. The row alphas multiply in the epilogue. It saves weight memory and
+bandwidth, not arithmetic.
 
 ``y[m, n] = round(alpha_a[m] * alpha_w[n] * sum_k (e2m1 * sf)_a[m, k] (e2m1 * sf)_w[n, k])``.
 Contract: ``faithful`` against ``reference.nvfp4_linear`` (float64): |y - y_ref| <= 2**-8 |y_ref|
@@ -18,57 +21,88 @@ import triton.language as tl
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
 from flashrt_kernels.quant import reference as qref
-from flashrt_kernels.triton_helpers import cast_rne
+from flashrt_kernels.triton_helpers import cast_rne, to_f32
 
 OP = "nvfp4_linear"
 IMPLEMENTED = ("triton", "reference")
 
 
-@triton.jit
-def _e2m1_value(nib):
-    """Value of a 4-bit e2m1 code (sign in bit 3), as fp32."""
-    c = (nib & 7).to(tl.float32)
-    v = tl.where(c < 4.0, 0.5 * c, tl.where(c < 6.0, c - 2.0, 2.0 * (c - 4.0)))
-    return tl.where((nib & 8) != 0, -v, v)
+# Twice the e2m1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} as 4-bit fields, code 0 lowest: 0xC8643210
+# as a signed 32-bit constant. An arithmetic shift by 28 sign-extends, and the mask keeps 0xC.
+E2M1_TWICE_TABLE = tl.constexpr(0xC8643210 - 2**32)
 
 
 @triton.jit
-def _dequant_tile(C, SF, rows, row_ok, k0, k, stride_c, stride_sf, BLOCK_K: tl.constexpr,
-                  UPCAST: tl.constexpr):  # fmt: skip
-    """(even-k, odd-k) halves of a [rows, BLOCK_K] tile, e2m1 * block scale, exact in bf16."""
-    half = tl.arange(0, BLOCK_K // 2)
-    mask = row_ok[:, None] & ((k0 + 2 * half) < k)[None, :]
-    byte = tl.load(C + rows[:, None] * stride_c + (k0 // 2 + half)[None, :], mask=mask,
-                   other=0).to(tl.int32)  # fmt: skip
-    sf = tl.load(SF + rows[:, None] * stride_sf + ((k0 + 2 * half) // 16)[None, :], mask=mask,
-                 other=0.0).to(tl.float32)  # fmt: skip
-    even = _e2m1_value(byte & 15) * sf
-    odd = _e2m1_value(byte >> 4) * sf
-    if UPCAST:
-        return even, odd
-    return even.to(tl.bfloat16), odd.to(tl.bfloat16)
+def _e2m1_scaled(nib, half_scale):
+    """An e2m1 code (int32, sign in bit 3) times its block scale, given as scale / 2: exact in fp32
+    and in bf16 (two significant bits times four)."""
+    twice = (E2M1_TWICE_TABLE >> ((nib & 7) * 4)) & 15
+    mag = twice.to(tl.float32) * half_scale
+    return tl.where((nib & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K: tl.constexpr):
+    """Rows ``rows`` of an NVFP4 operand at k0 .. k0 + BLOCK_K as an fp32 [rows, BLOCK_K] tile in
+    k order: a byte holds two codes (low nibble first), 16 codes share an e4m3 scale."""
+    r: tl.constexpr = rows.shape[0]
+    byte = tl.load(C + rows[:, None] * stride_c + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
+                   mask=row_ok[:, None], other=0).to(tl.int32)  # fmt: skip
+    sf = tl.load(SF + rows[:, None] * stride_sf + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :],
+                 mask=row_ok[:, None], other=0.0).to(tl.float32) * 0.5  # fmt: skip
+    sf = tl.reshape(tl.broadcast_to(sf[:, :, None], (r, BLOCK_K // 16, 8)), (r, BLOCK_K // 2))
+    lo = _e2m1_scaled(byte & 15, sf)
+    hi = _e2m1_scaled(byte >> 4, sf)
+    return tl.reshape(tl.join(lo, hi), (r, BLOCK_K))
+
+
+@triton.jit
+def _nvfp4_dequant_rows_kernel(C, SF, OUT, m, stride_c, stride_sf, stride_o,
+                               BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """codes * block scales -> bf16 (exact), no alpha: the activations of a large-M product."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    k0 = tl.program_id(1) * BLOCK_K
+    v = _dequant_tile(C, SF, rows, rows < m, k0, stride_c, stride_sf, BLOCK_K)
+    tl.store(OUT + rows[:, None] * stride_o + (k0 + tl.arange(0, BLOCK_K))[None, :],
+             v.to(tl.bfloat16), mask=(rows < m)[:, None])  # fmt: skip
 
 
 @triton.jit
 def _nvfp4_linear_kernel(
-    AC, ASF, AA, WC, WSF, WA, Y, m, n, k, stride_ac, stride_asf, stride_wc, stride_wsf, stride_y,
-    A_PER_ROW: tl.constexpr, W_PER_ROW: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    A, ASF, AA, WC, WSF, WA, Y, m, n, k, stride_a, stride_asf, stride_wc, stride_wsf, stride_y,
+    A_CODES: tl.constexpr, A_PER_ROW: tl.constexpr, W_PER_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Y^T tile [BLOCK_N, BLOCK_M] = W tile (dequantized in registers, the dot's left operand)
+    times A tile^T; A is NVFP4 codes dequantized here too (A_CODES) or already bf16."""
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % size_m
+    pid_n = (pid % (GROUP_M * tiles_n)) // size_m
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < m, cols < n
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    dot_dtype: tl.constexpr = tl.float32 if UPCAST else tl.bfloat16
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
-        ae, ao = _dequant_tile(AC, ASF, rows, row_ok, k0, k, stride_ac, stride_asf, BLOCK_K, UPCAST)
-        we, wo = _dequant_tile(WC, WSF, cols, col_ok, k0, k, stride_wc, stride_wsf, BLOCK_K, UPCAST)
-        acc = tl.dot(ae, tl.trans(we), acc)
-        acc = tl.dot(ao, tl.trans(wo), acc)
+        w = _dequant_tile(WC, WSF, cols, col_ok, k0, stride_wc, stride_wsf, BLOCK_K)
+        if A_CODES:
+            a = _dequant_tile(A, ASF, rows, row_ok, k0, stride_a, stride_asf, BLOCK_K)
+        else:
+            a = tl.load(A + rows[:, None] * stride_a + (k0 + tl.arange(0, BLOCK_K))[None, :],
+                        mask=row_ok[:, None], other=0.0)  # fmt: skip
+            if UPCAST:
+                a = to_f32(a)
+        acc = tl.dot(w.to(dot_dtype), tl.trans(a.to(dot_dtype)), acc)
     aa = tl.load(AA + rows, mask=row_ok, other=0.0) if A_PER_ROW else tl.load(AA + rows * 0)
     wa = tl.load(WA + cols, mask=col_ok, other=0.0) if W_PER_ROW else tl.load(WA + cols * 0)
-    y = acc * aa[:, None] * wa[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], cast_rne(y, tl.bfloat16),
-             mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+    y = acc * wa[:, None] * aa[None, :]
+    tl.store(Y + rows[None, :] * stride_y + cols[:, None], cast_rne(y, tl.bfloat16),
+             mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip
 
 
 def _check_operand(name, c, sf, alpha, k=None):
@@ -104,17 +138,38 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
         return out
     if m == 0 or n == 0:
         return out
-    cfg = dict(config or {"BLOCK_M": 64 if m > 16 else 16, "BLOCK_N": 128, "BLOCK_K": 128,
-                          "num_warps": 4, "num_stages": 3})  # fmt: skip
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    cfg = dict(config or nvfp4_launch_config(m, n, k))
+    a_codes_in_loop = cfg.pop("A_CODES", m <= 64)
+    upcast = triton_interpreter_active() or dev.type == "cpu"
+    a, a_stride = a_codes, a_codes.stride(0)
+    if not a_codes_in_loop:
+        a = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+        grid = (triton.cdiv(m, 32), k // 64)
+        _nvfp4_dequant_rows_kernel[grid](a_codes, a_scales, a, m, a_codes.stride(0),
+                                         a_scales.stride(0), a.stride(0), BLOCK_R=32,
+                                         BLOCK_K=64, num_warps=4)  # fmt: skip
+        a_stride = a.stride(0)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _nvfp4_linear_kernel[grid](
-        a_codes, a_scales, a_alpha, w_codes,
-        w_scales, w_alpha, out, m, n, k, a_codes.stride(0), a_scales.stride(0),
-        w_codes.stride(0), w_scales.stride(0), out.stride(0),
-        A_PER_ROW=a_alpha.numel() == m and m > 1, W_PER_ROW=w_alpha.numel() == n and n > 1,
-        UPCAST=triton_interpreter_active() or dev.type == "cpu", **cfg,
+        a, a_scales, a_alpha, w_codes, w_scales, w_alpha, out, m, n, k, a_stride,
+        a_scales.stride(0), w_codes.stride(0), w_scales.stride(0), out.stride(0),
+        A_CODES=a_codes_in_loop, A_PER_ROW=a_alpha.numel() == m and m > 1,
+        W_PER_ROW=w_alpha.numel() == n and n > 1, UPCAST=upcast, **cfg,
     )  # fmt: skip
     return out
+
+
+def nvfp4_launch_config(m: int, n: int, k: int) -> dict:
+    """Tile for an [m, k] x [n, k] product. Up to 64 rows the activations are dequantized inside
+    the loop (their tile is small next to the weights'); above, once, to bf16 before it, so the
+    loop dequantizes only the weight tile. BLOCK_K divides K (a multiple of 64)."""
+    block_k = 128 if k % 128 == 0 else 64
+    if m <= 64:
+        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+        return {"A_CODES": True, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": block_k,
+                "GROUP_M": 1, "num_warps": 4, "num_stages": 3}  # fmt: skip
+    return {"A_CODES": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
+            "num_warps": 8, "num_stages": 3}  # fmt: skip
 
 
 def reference_nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha):
