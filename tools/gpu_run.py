@@ -2,12 +2,19 @@
 """Run the GPU tests and benchmarks on a GPU machine that has no network and no uv.
 
     python3 tools/gpu_run.py --out RESULTS_DIR [--tests tests/kernels ...] [--bench rms_norm ...]
-                             [--quick] [--max-examples N] [--pytest-args "..."]
+                             [--quick] [--max-examples N] [--pytest-args "..."] [--baseline DIR]
 
 Puts every ``packages/*/src`` on ``PYTHONPATH`` (the machine's own torch / triton / cupy are used),
 runs the ``gpu``-marked tests with pytest (JUnit XML and the log into RESULTS_DIR), runs the named
 benchmarks (``all`` for every registered one; JSON and markdown per benchmark into RESULTS_DIR),
 and prints a short summary table last.
+
+``--baseline DIR`` runs the same benchmarks again, in the same call, from another copy of the
+packages (``DIR/packages/*/src``, its own benchmark code included; results into
+RESULTS_DIR/baseline), then prints each benchmark's rows side by side: matched on their integer
+and string fields, every ``*_us`` column with the baseline's and baseline / ours (above 1: ours is
+faster). Make the copy here from a git ref into an ignored folder, and carry it:
+``mkdir -p build/base && git archive main packages | tar -x -C build/base``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC_DIRS = sorted(str(p) for p in (ROOT / "packages").glob("*/src"))
+
+
+def _src_dirs(root: Path) -> list[str]:
+    return sorted(str(p) for p in (root / "packages").glob("*/src"))
+
+
+SRC_DIRS = _src_dirs(ROOT)
 
 
 def _env() -> dict[str, str]:
@@ -88,6 +101,54 @@ def run_benchmarks(names: list[str], out: Path, quick: bool) -> list[tuple[str, 
     return done
 
 
+def _key(row: dict) -> tuple:
+    return tuple(
+        (k, v) for k, v in row.items() if isinstance(v, (int, str)) and not isinstance(v, bool)
+    )
+
+
+def compare_rows(ours: list[dict], base: list[dict]) -> list[dict]:
+    """Rows of one benchmark from two runs, matched on their int / str fields (shapes, names):
+    each ``*_us`` column as ours, the baseline's and baseline / ours. Unmatched rows are left out."""
+    by_key = {_key(r): r for r in base}
+    out = []
+    for row in ours:
+        other = by_key.get(_key(row))
+        if other is None:
+            continue
+        both = dict(_key(row))
+        for k, v in row.items():
+            if k.endswith("_us") and isinstance(v, float) and isinstance(other.get(k), float):
+                both[k], both[f"{k} base"] = v, other[k]
+                both[f"{k} x"] = other[k] / v if v > 0 else float("nan")
+        out.append(both)
+    return out
+
+
+def run_baseline(names: list[str], out: Path, quick: bool, baseline: Path) -> bool:
+    """The benchmarks again from ``baseline``'s packages (a subprocess), then the comparisons."""
+    import json
+
+    from flashrt_kernels.benchmarking import markdown_table
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--src-root", str(baseline.resolve()),
+           "--out", str(out / "baseline"), "--bench", *names] + (["--quick"] if quick else [])  # fmt: skip
+    print(f"== baseline: the same benchmarks from {baseline}", flush=True)
+    ok = subprocess.run(cmd, cwd=ROOT).returncode == 0
+    for name in names:
+        paths = out / f"{name}.json", out / "baseline" / f"{name}.json"
+        if not all(p.exists() for p in paths):
+            print(f"== compare {name}: no result on one side")
+            ok = False
+            continue
+        ours, base = (json.loads(p.read_text())["rows"] for p in paths)
+        rows = compare_rows(ours, base)
+        (out / f"compare-{name}.json").write_text(json.dumps(rows, indent=1))
+        print(f"== compare {name} (x = baseline / ours; {len(rows)} of {len(ours)} rows matched)")
+        print(markdown_table(rows), flush=True)
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,7 +161,14 @@ def main() -> int:
         "--max-examples", type=int, default=None, help="hypothesis examples per property"
     )
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
+    ap.add_argument("--baseline", default=None, help="another packages/ copy to compare against")
+    ap.add_argument("--src-root", default=None, help=argparse.SUPPRESS)  # (--baseline's runs)
     args = ap.parse_args()
+    if args.src_root:
+        global SRC_DIRS
+        SRC_DIRS = _src_dirs(Path(args.src_root))
+    if args.baseline and not _src_dirs(Path(args.baseline)):
+        ap.error(f"--baseline {args.baseline}: expected a folder holding packages/*/src")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     test_summary = None
@@ -110,6 +178,10 @@ def main() -> int:
             extra.append(f"--max-examples={args.max_examples}")
         test_summary = run_tests(args.tests, out, extra)
     bench_summary = run_benchmarks(args.bench, out, args.quick) if args.bench else []
+    base_ok = True
+    if args.baseline and args.bench:
+        names = [n for n, r, _ in bench_summary if not r.startswith(("error", "unknown"))]
+        base_ok = run_baseline(names, out, args.quick, Path(args.baseline))
     print("\n== summary")
     print("| what | result | seconds |\n|---|---|---|")
     if test_summary is not None:
@@ -121,7 +193,7 @@ def main() -> int:
             print(f"| FAILED | {f} | |")
     for name, result, secs in bench_summary:
         print(f"| bench {name} | {result} | {secs:.1f} |")
-    ok = test_summary is None or test_summary["returncode"] == 0
+    ok = (test_summary is None or test_summary["returncode"] == 0) and base_ok
     return (
         0 if ok and all(not r.startswith(("error", "unknown")) for _, r, _ in bench_summary) else 1
     )
