@@ -24,6 +24,17 @@ def cast_rne(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(pid, m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``pid`` in grouped order: GROUP_M row tiles walk the
+    column tiles together, so the programs running at once share their operands in the L2."""
+    tiles_m, tiles_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
+    width = GROUP_M * tiles_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
 def to_f32(x):
     """Exact upcast to fp32. bfloat16 goes through its bits (the interpreter mis-converts bfloat16
     subnormals; on the GPU both ways give the same value)."""

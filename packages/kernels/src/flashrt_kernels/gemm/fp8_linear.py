@@ -19,7 +19,7 @@ import triton.language as tl
 from flashrt_kernels.backends import resolve_backend, sm_count
 from flashrt_kernels.checks import check_choice, check_tensor
 from flashrt_kernels.gemm import reference
-from flashrt_kernels.triton_helpers import cast_rne
+from flashrt_kernels.triton_helpers import cast_rne, grouped_tile
 
 OP = "fp8_linear"
 ACTIVATIONS = ("none", "gelu_tanh", "gelu_erf")
@@ -75,13 +75,7 @@ def _fp8_linear_kernel(
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
-    width = GROUP_M * tiles_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)

@@ -21,7 +21,7 @@ import triton.language as tl
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
 from flashrt_kernels.quant import reference as qref
-from flashrt_kernels.triton_helpers import cast_rne, to_f32
+from flashrt_kernels.triton_helpers import cast_rne, grouped_tile, to_f32
 
 OP = "nvfp4_linear"
 IMPLEMENTED = ("triton", "reference")
@@ -76,13 +76,7 @@ def _nvfp4_linear_kernel(
 ):  # fmt: skip
     """Y^T tile [BLOCK_N, BLOCK_M] = W tile (dequantized in registers, the dot's left operand)
     times A tile^T; A is NVFP4 codes dequantized here too (A_CODES) or already bf16."""
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
-    group = pid // (GROUP_M * tiles_n)
-    first_m = group * GROUP_M
-    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % size_m
-    pid_n = (pid % (GROUP_M * tiles_n)) // size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < m, cols < n
@@ -101,7 +95,7 @@ def _nvfp4_linear_kernel(
     aa = tl.load(AA + rows, mask=row_ok, other=0.0) if A_PER_ROW else tl.load(AA + rows * 0)
     wa = tl.load(WA + cols, mask=col_ok, other=0.0) if W_PER_ROW else tl.load(WA + cols * 0)
     y = acc * wa[:, None] * aa[None, :]
-    tl.store(Y + rows[None, :] * stride_y + cols[:, None], cast_rne(y, tl.bfloat16),
+    tl.store(Y + rows[None, :].to(tl.int64) * stride_y + cols[:, None], cast_rne(y, tl.bfloat16),
              mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip
 
 
