@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -160,7 +161,9 @@ def main() -> int:
     ap.add_argument(
         "--max-examples", type=int, default=None, help="hypothesis examples per property"
     )
-    ap.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
+    ap.add_argument(
+        "--pytest-args", default="", help="extra pytest arguments, one string (shell quoting)"
+    )
     ap.add_argument("--baseline", default=None, help="another packages/ copy to compare against")
     ap.add_argument("--src-root", default=None, help=argparse.SUPPRESS)  # (--baseline's runs)
     args = ap.parse_args()
@@ -173,7 +176,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     test_summary = None
     if args.tests:
-        extra = args.pytest_args.split()
+        extra = shlex.split(args.pytest_args)
         if args.max_examples:
             extra.append(f"--max-examples={args.max_examples}")
         test_summary = run_tests(args.tests, out, extra)

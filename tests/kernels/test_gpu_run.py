@@ -40,3 +40,19 @@ def test_baseline_must_hold_packages(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         tool.main()
     assert "expected a folder holding packages/*/src" in capsys.readouterr().err
+
+
+def test_pytest_args_keep_their_quoting(tmp_path, monkeypatch):
+    """``--pytest-args "-k 'a or b'"`` reaches pytest as two arguments, not four."""
+    tool = _tool()
+    seen = {}
+
+    def fake_run_tests(paths, out, extra):
+        seen["extra"] = extra
+        return {"returncode": 0, "seconds": 0.0}
+
+    monkeypatch.setattr(tool, "run_tests", fake_run_tests)
+    monkeypatch.setattr("sys.argv", ["gpu_run.py", "--out", str(tmp_path), "--tests", "t.py",
+                                     "--pytest-args", "-k 'nvfp4 or fp8'", "--max-examples", "3"])  # fmt: skip
+    assert tool.main() == 0
+    assert seen["extra"] == ["-k", "nvfp4 or fp8", "--max-examples=3"]
