@@ -4,10 +4,10 @@
     python3 tools/tune_nvfp4.py [--json OUT.json] [--quick]
 
 For the benchmark's shapes (2048 -> 22016, 4096 -> 6144, 4096 -> 24576, 12288 -> 4096) and
-M = 1, 16, 64, 256, 2048, 8192, times every candidate tile (CUDA graph, weights rotated past the
-L2 at M <= 64) next to ``nvfp4_launch_config``'s default and cuBLAS bf16, checks each candidate's
-output against the default's within the faithful bound, and prints one row per shape with the
-best candidate. Run it through ``tools/gpu_run.py``'s environment (every ``packages/*/src`` on
+M = 1, 16, 64, 256, 2048, 8192, times every candidate tile (CUDA graph; at M <= 64 the NVFP4
+weights and cuBLAS's bf16 ones rotated past the L2) next to ``nvfp4_launch_config``'s default
+and cuBLAS bf16, checks each candidate's output against the default's within the faithful bound,
+and prints one row per shape with the best candidate. Run it through ``tools/gpu_run.py``'s environment (every ``packages/*/src`` on
 ``PYTHONPATH``).
 """
 
@@ -68,7 +68,7 @@ def main() -> None:
     rows, detail = [], []
     for k, n in shapes:
         w_bf = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-        sets = [quantize_rows_nvfp4(w_bf)]
+        sets, bf_sets = [quantize_rows_nvfp4(w_bf)], [w_bf]
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             a = quantize_rows_nvfp4(x)
@@ -76,7 +76,11 @@ def main() -> None:
             while len(sets) < nsets:
                 sets.append(quantize_rows_nvfp4(torch.randn_like(w_bf) / k**0.5))
             ws = sets[:nsets]
-            bfs = [w_bf] * nsets
+            # cuBLAS reads its bf16 weights past the L2 too (the same rotation rule, 2 bytes a value)
+            nbf = rotation(2 * n * k) if m <= 64 else 1
+            while len(bf_sets) < nbf:
+                bf_sets.append(torch.randn_like(w_bf) / k**0.5)
+            bfs = bf_sets[:nbf]
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             t_bf16 = time_graph_us([partial(F.linear, x, b) for b in bfs], rep_ms=args.rep_ms)
             default = nv.nvfp4_launch_config(m, n, k)
