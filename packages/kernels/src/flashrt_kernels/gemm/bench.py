@@ -6,6 +6,8 @@ sweep. Protocol: benchmarking.py."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -254,8 +256,10 @@ def run_nvfp4(quick: bool = False) -> list[dict]:
     (``fp8_linear``), ``torch._scaled_mm`` fp8 rowwise, our NVFP4 W4A4 (``nvfp4_linear``); each
     quantized path also with its activation quantizer in the timed call. Bytes are the weight
     bytes read (NVFP4: half a byte a value, one e4m3 scale per 16, an fp32 alpha per row); the
-    error is against the float64 product of the unquantized operands. On Hopper NVFP4 saves
-    weight memory, not arithmetic: its tiles are dequantized to bf16 for a bf16 dot."""
+    error is against the float64 product of the unquantized operands. Each format cycles through
+    weight sets past the L2 (rotation), so the few-row cases read their weights from memory;
+    ``nvfp4_weight_floor_fraction`` is the NVFP4 weight read's floor over its time. On Hopper
+    NVFP4 saves weight memory, not arithmetic: its tiles are dequantized to bf16 for a bf16 dot."""
     out = []
     shapes = (
         ((4096, 6144), (12288, 4096))
@@ -263,9 +267,12 @@ def run_nvfp4(quick: bool = False) -> list[dict]:
         else ((2048, 22016), (4096, 6144), (4096, 24576), (12288, 4096))
     )
     for k, n in shapes:
-        w_bf = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-        w8, ws = quantize_rows(w_bf, "fp8")
-        w4 = quantize_rows_nvfp4(w_bf)
+        # weight sets cycled past the L2 (the few-row cases read each weight once a call)
+        bfs = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+               for _ in range(rotation(2 * n * k))]  # fmt: skip
+        f8s = [quantize_rows(bfs[i % len(bfs)], "fp8") for i in range(rotation(n * k))]
+        f4s = [quantize_rows_nvfp4(bfs[i % len(bfs)]) for i in range(rotation(n * k // 2))]
+        w_bf, (w8, ws), w4 = bfs[0], f8s[0], f4s[0]
         bytes_w = {
             "bf16": 2 * n * k,
             "fp8": n * k + 4 * n,
@@ -277,31 +284,32 @@ def run_nvfp4(quick: bool = False) -> list[dict]:
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             x8, xs = quantize_rows(x, "fp8")
             a4 = quantize_rows_nvfp4(x)
-            sa, sb = xs[:, None], ws[None, :]
+            sa = xs[:, None]
 
-            def smm():
-                return torch._scaled_mm(x8, w8.t(), scale_a=sa, scale_b=sb,
+            def smm(w8, ws):
+                return torch._scaled_mm(x8, w8.t(), scale_a=sa, scale_b=ws[None, :],
                                         out_dtype=torch.bfloat16)  # fmt: skip
 
-            def fp8_q():
+            def fp8_q(w8, ws):
                 xq, s = quantize_rows(x, "fp8")
                 return fp8_linear(xq, s, w8, ws, out=y)
 
-            def nvfp4_q():
+            def nvfp4_q(w4):
                 return nvfp4_linear(*quantize_rows_nvfp4(x), *w4, out=y)
 
-            t_bf16 = _t([lambda: F.linear(x, w_bf)])
-            t_fp8 = _t([lambda: fp8_linear(x8, xs, w8, ws, out=y)])
-            t_fp8_q = _t([fp8_q])
-            t_smm = _t([smm])
-            t_fp4 = _t([lambda: nvfp4_linear(*a4, *w4, out=y)])
-            t_fp4_q = _t([nvfp4_q])
+            t_bf16 = _t([partial(F.linear, x, w) for w in bfs])
+            t_fp8 = _t([partial(fp8_linear, x8, xs, *w, out=y) for w in f8s])
+            t_fp8_q = _t([partial(fp8_q, *w) for w in f8s])
+            t_smm = _t([partial(smm, *w) for w in f8s])
+            t_fp4 = _t([partial(nvfp4_linear, *a4, *w, out=y) for w in f4s])
+            t_fp4_q = _t([partial(nvfp4_q, w) for w in f4s])
             tf = 2 * m * n * k / 1e6
             out.append({
                 "M": m, "K": k, "N": n, "cublas_bf16_us": t_bf16, "fp8_us": t_fp8,
                 "fp8_quant_us": t_fp8_q, "scaled_mm_us": t_smm, "nvfp4_us": t_fp4,
                 "nvfp4_quant_us": t_fp4_q, "nvfp4_over_fp8": t_fp4 / t_fp8,
                 "nvfp4_tflops": tf / t_fp4, "fp8_tflops": tf / t_fp8,
+                "nvfp4_weight_floor_fraction": floor_us(bytes_w["nvfp4"]) / t_fp4,
                 "weight_mb_bf16": bytes_w["bf16"] / 1e6, "weight_mb_fp8": bytes_w["fp8"] / 1e6,
                 "weight_mb_nvfp4": bytes_w["nvfp4"] / 1e6,
                 "err_bf16": _rel_err(F.linear(x, w_bf), ref),
