@@ -41,28 +41,80 @@ def _e2m1_scaled(nib, half_scale):
     return tl.where((nib & 8) != 0, -mag, mag)
 
 
+# Four bytes (eight codes) -> eight bf16 values times their block scales, in PTX. The magnitude
+# (code & 7) indexes two 8-byte tables with ``prmt``: the high bytes of the bf16 values
+# {0, .5, 1, 1.5, 2, 3, 4, 6} (00 3F 3F 3F 40 40 40 40) and their low bytes (00 00 80 C0 00 40 80
+# C0). ``prmt``'s sign-replicate mode turns each code's sign bit into 0x00 / 0xFF, whose 0x80 goes
+# into the high byte; two more ``prmt`` interleave low and high bytes into (even-k, odd-k) bf16
+# pairs, and one bf16x2 multiply a pair applies the scales (exact: two significant bits times four).
+# $0 $1: the low nibbles' values (elements 0-1, 2-3), $2 $3: the high nibbles'; $4: the four bytes;
+# $5 $6: the four elements' scales (bf16 pairs).
+E2M1_BF16_ASM = tl.constexpr("""
+{
+.reg .b32 m, mh, rs, alo, ahi, blo, bhi, sa, sb, tl0, tl1, th0, th1;
+and.b32 m, $4, 0x77777777;
+shr.b32 mh, m, 16;
+mov.b32 tl0, 0xC0800000;
+mov.b32 tl1, 0xC0804000;
+mov.b32 th0, 0x3F3F3F00;
+mov.b32 th1, 0x40404040;
+prmt.b32 alo, tl0, tl1, m;
+prmt.b32 ahi, th0, th1, m;
+prmt.b32 blo, tl0, tl1, mh;
+prmt.b32 bhi, th0, th1, mh;
+shl.b32 rs, $4, 4;
+prmt.b32 sa, rs, $4, 0xD9C8;
+prmt.b32 sb, rs, $4, 0xFBEA;
+lop3.b32 ahi, ahi, sa, 0x80808080, 0xF8;
+lop3.b32 bhi, bhi, sb, 0x80808080, 0xF8;
+prmt.b32 $0, alo, ahi, 0x6240;
+prmt.b32 $1, blo, bhi, 0x6240;
+prmt.b32 $2, alo, ahi, 0x7351;
+prmt.b32 $3, blo, bhi, 0x7351;
+mul.rn.bf16x2 $0, $0, $5;
+mul.rn.bf16x2 $1, $1, $6;
+mul.rn.bf16x2 $2, $2, $5;
+mul.rn.bf16x2 $3, $3, $6;
+}
+""")
+
+
 @triton.jit
-def _dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K: tl.constexpr):
-    """Rows ``rows`` of an NVFP4 operand at k0 .. k0 + BLOCK_K as an fp32 [rows, BLOCK_K] tile in
-    k order: a byte holds two codes (low nibble first), 16 codes share an e4m3 scale."""
+def _dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K: tl.constexpr,
+                  UPCAST: tl.constexpr):  # fmt: skip
+    """Rows ``rows`` of an NVFP4 operand at k0 .. k0 + BLOCK_K as a [rows, BLOCK_K] tile in k
+    order: a byte holds two codes (low nibble first), 16 codes share an e4m3 scale. bf16 through
+    ``E2M1_BF16_ASM`` on the GPU; fp32 through ``_e2m1_scaled`` where PTX cannot run (the
+    interpreter); the same values."""
     r: tl.constexpr = rows.shape[0]
     byte = tl.load(C + rows[:, None] * stride_c + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
-                   mask=row_ok[:, None], other=0).to(tl.int32)  # fmt: skip
+                   mask=row_ok[:, None], other=0)  # fmt: skip
     sf = tl.load(SF + rows[:, None] * stride_sf + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :],
-                 mask=row_ok[:, None], other=0.0).to(tl.float32) * 0.5  # fmt: skip
-    sf = tl.reshape(tl.broadcast_to(sf[:, :, None], (r, BLOCK_K // 16, 8)), (r, BLOCK_K // 2))
-    lo = _e2m1_scaled(byte & 15, sf)
-    hi = _e2m1_scaled(byte >> 4, sf)
+                 mask=row_ok[:, None], other=0.0)  # fmt: skip
+    if UPCAST:
+        sf = sf.to(tl.float32) * 0.5
+        sf = tl.reshape(tl.broadcast_to(sf[:, :, None], (r, BLOCK_K // 16, 8)), (r, BLOCK_K // 2))
+        code = byte.to(tl.int32)
+        lo = _e2m1_scaled(code & 15, sf)
+        hi = _e2m1_scaled(code >> 4, sf)
+    else:
+        sf = sf.to(tl.bfloat16)
+        sf = tl.reshape(tl.broadcast_to(sf[:, :, None], (r, BLOCK_K // 16, 8)), (r, BLOCK_K // 2))
+        lo, hi = tl.inline_asm_elementwise(
+            E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r", [byte, sf], dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=4,
+        )  # fmt: skip
     return tl.reshape(tl.join(lo, hi), (r, BLOCK_K))
 
 
 @triton.jit
 def _nvfp4_dequant_rows_kernel(C, SF, OUT, m, stride_c, stride_sf, stride_o,
-                               BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+                               BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                               UPCAST: tl.constexpr):  # fmt: skip
     """codes * block scales -> bf16 (exact), no alpha: the activations of a large-M product."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     k0 = tl.program_id(1) * BLOCK_K
-    v = _dequant_tile(C, SF, rows, rows < m, k0, stride_c, stride_sf, BLOCK_K)
+    v = _dequant_tile(C, SF, rows, rows < m, k0, stride_c, stride_sf, BLOCK_K, UPCAST)
     tl.store(OUT + rows[:, None] * stride_o + (k0 + tl.arange(0, BLOCK_K))[None, :],
              v.to(tl.bfloat16), mask=(rows < m)[:, None])  # fmt: skip
 
@@ -83,9 +135,9 @@ def _nvfp4_linear_kernel(
     dot_dtype: tl.constexpr = tl.float32 if UPCAST else tl.bfloat16
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
-        w = _dequant_tile(WC, WSF, cols, col_ok, k0, stride_wc, stride_wsf, BLOCK_K)
+        w = _dequant_tile(WC, WSF, cols, col_ok, k0, stride_wc, stride_wsf, BLOCK_K, UPCAST)
         if A_CODES:
-            a = _dequant_tile(A, ASF, rows, row_ok, k0, stride_a, stride_asf, BLOCK_K)
+            a = _dequant_tile(A, ASF, rows, row_ok, k0, stride_a, stride_asf, BLOCK_K, UPCAST)
         else:
             a = tl.load(A + rows[:, None] * stride_a + (k0 + tl.arange(0, BLOCK_K))[None, :],
                         mask=row_ok[:, None], other=0.0)  # fmt: skip
@@ -141,7 +193,7 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
         grid = (triton.cdiv(m, 32), k // 64)
         _nvfp4_dequant_rows_kernel[grid](a_codes, a_scales, a, m, a_codes.stride(0),
                                          a_scales.stride(0), a.stride(0), BLOCK_R=32,
-                                         BLOCK_K=64, num_warps=4)  # fmt: skip
+                                         BLOCK_K=64, UPCAST=upcast, num_warps=4)  # fmt: skip
         a_stride = a.stride(0)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _nvfp4_linear_kernel[grid](
