@@ -33,18 +33,19 @@ from flashrt_kernels.quant import quantize_rows_nvfp4  # noqa: E402
 nv = importlib.import_module("flashrt_kernels.gemm.nvfp4_linear")
 
 
-def candidates(m: int, k: int) -> list[dict]:
+def candidates(m: int, n: int, k: int) -> list[dict]:
     out = []
     if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-        for bn, bk, st in itertools.product((32, 64, 128), (128, 256), (3, 4)):
+        splits = sorted({1, nv.nvfp4_launch_config(m, n, k)["SPLIT_K"]})
+        for bn, bk, st, sp in itertools.product((32, 64, 128), (128, 256), (3, 4), splits):
             if k % bk == 0:
-                out.append({"A_CODES": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                            "GROUP_M": 1, "num_warps": 4, "num_stages": st})  # fmt: skip
+                out.append({"A_CODES": True, "SPLIT_K": sp, "BLOCK_M": bm, "BLOCK_N": bn,
+                            "BLOCK_K": bk, "GROUP_M": 1, "num_warps": 4, "num_stages": st})  # fmt: skip
     else:
         tiles = [(128, 128, 8), (128, 256, 8), (64, 128, 4)]
         for (bm, bn, w), bk, st in itertools.product(tiles, (64, 128), (3, 4)):
-            out.append({"A_CODES": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+            out.append({"A_CODES": False, "SPLIT_K": 1, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                         "GROUP_M": 8, "num_warps": w, "num_stages": st})  # fmt: skip
         out.append({**out[0], "A_CODES": True})
     return out
@@ -53,7 +54,7 @@ def candidates(m: int, k: int) -> list[dict]:
 def name(c: dict) -> str:
     a = "aloop" if c["A_CODES"] else "abf16"
     return (f"{a}_m{c['BLOCK_M']}n{c['BLOCK_N']}k{c['BLOCK_K']}"
-            f"_w{c['num_warps']}s{c['num_stages']}")  # fmt: skip
+            f"_w{c['num_warps']}s{c['num_stages']}_split{c.get('SPLIT_K', 1)}")  # fmt: skip
 
 
 def main() -> None:
@@ -87,7 +88,7 @@ def main() -> None:
             ref = nv.nvfp4_linear(*a, *ws[0], config=default).double()
             tol = 2.0**-7 * ref.abs() + 2.0**-7 * ref.abs().max()
             times = {}
-            for c in candidates(m, k):
+            for c in candidates(m, n, k):
                 try:
                     got = nv.nvfp4_linear(*a, *ws[0], config=c).double()
                     if not ((got - ref).abs() <= tol).all():
@@ -112,9 +113,9 @@ def main() -> None:
             })  # fmt: skip
             detail.append({"M": m, "K": k, "N": n, "times": times})
             print(markdown_table(rows[-1:]), flush=True)
+            if args.json:  # after every shape, so a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps({"rows": rows, "detail": detail}, indent=1))
     print(markdown_table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "detail": detail}, indent=1))
 
 
 if __name__ == "__main__":

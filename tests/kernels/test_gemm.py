@@ -233,3 +233,29 @@ def test_nvfp4_activations_dequantized_in_the_loop_or_before_give_the_same_bits(
     assert torch.equal(y_loop, y_before)
     ref = reference_nvfp4_linear(*a, *b).double()
     assert ((y_loop.double() - ref).abs() <= 2.0**-7 * ref.abs() + 1e-3).all()
+
+
+def test_nvfp4_split_k_is_faithful_and_deterministic():
+    """Few-row NVFP4 products split K (fp32 partials summed in split order) when the tiles alone
+    would leave SMs idle: every split count stays in the faithful bound and repeats its bits."""
+    from flashrt_kernels.gemm.nvfp4_linear import (
+        nvfp4_launch_config,
+        nvfp4_linear,
+        reference_nvfp4_linear,
+    )
+    from flashrt_kernels.quant.reference import nvfp4_quantize
+    from flashrt_kernels.testing import test_device
+
+    assert nvfp4_launch_config(16, 4096, 12288, sms=132)["SPLIT_K"] == 8
+    assert nvfp4_launch_config(16, 22016, 2048, sms=132)["SPLIT_K"] == 1
+    assert nvfp4_launch_config(2048, 4096, 12288, sms=132)["SPLIT_K"] == 1
+    device = test_device()
+    x, w = _bf16(5, 512, seed=1).float().to(device), _bf16(40, 512, seed=2).float().to(device)
+    a, b = nvfp4_quantize(x, per_row=True), nvfp4_quantize(w, per_row=False)
+    ref = reference_nvfp4_linear(*a, *b).double()
+    cfg = nvfp4_launch_config(5, 40, 512)
+    for split in (1, 2, 3, 8):
+        y = nvfp4_linear(*a, *b, backend="triton", config={**cfg, "SPLIT_K": split})
+        assert ((y.double() - ref).abs() <= 2.0**-7 * ref.abs() + 1e-3).all(), split
+        again = nvfp4_linear(*a, *b, backend="triton", config={**cfg, "SPLIT_K": split})
+        assert torch.equal(y, again), split

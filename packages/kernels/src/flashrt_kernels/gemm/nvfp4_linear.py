@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
+from flashrt_kernels.backends import resolve_backend, sm_count, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
 from flashrt_kernels.quant import reference as qref
 from flashrt_kernels.triton_helpers import cast_rne, grouped_tile, to_f32
@@ -121,20 +121,22 @@ def _nvfp4_dequant_rows_kernel(C, SF, OUT, m, stride_c, stride_sf, stride_o,
 
 @triton.jit
 def _nvfp4_linear_kernel(
-    A, ASF, AA, WC, WSF, WA, Y, m, n, k, stride_a, stride_asf, stride_wc, stride_wsf, stride_y,
-    A_CODES: tl.constexpr, A_PER_ROW: tl.constexpr, W_PER_ROW: tl.constexpr,
+    A, ASF, AA, WC, WSF, WA, Y, WS, m, n, k, k_split, stride_a, stride_asf, stride_wc, stride_wsf,
+    stride_y, A_CODES: tl.constexpr, A_PER_ROW: tl.constexpr, W_PER_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Y^T tile [BLOCK_N, BLOCK_M] = W tile (dequantized in registers, the dot's left operand)
-    times A tile^T; A is NVFP4 codes dequantized here too (A_CODES) or already bf16."""
+    times A tile^T; A is NVFP4 codes dequantized here too (A_CODES) or already bf16. With SPLIT,
+    program (tile, s) sums K from s * k_split to (s + 1) * k_split into fp32 workspace WS[s]."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < m, cols < n
     dot_dtype: tl.constexpr = tl.float32 if UPCAST else tl.bfloat16
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(0, k, BLOCK_K):
+    k_lo = tl.program_id(1) * k_split
+    for k0 in range(k_lo, tl.minimum(k, k_lo + k_split), BLOCK_K):
         w = _dequant_tile(WC, WSF, cols, col_ok, k0, stride_wc, stride_wsf, BLOCK_K, UPCAST)
         if A_CODES:
             a = _dequant_tile(A, ASF, rows, row_ok, k0, stride_a, stride_asf, BLOCK_K, UPCAST)
@@ -144,11 +146,36 @@ def _nvfp4_linear_kernel(
             if UPCAST:
                 a = to_f32(a)
         acc = tl.dot(w.to(dot_dtype), tl.trans(a.to(dot_dtype)), acc)
+    if SPLIT:
+        ws = WS + tl.program_id(1) * m * n + rows[None, :] * n + cols[:, None]
+        tl.store(ws, acc, mask=col_ok[:, None] & row_ok[None, :])
+    else:
+        _scale_store(acc, AA, WA, Y, rows, cols, m, n, stride_y, A_PER_ROW, W_PER_ROW)
+
+
+@triton.jit
+def _scale_store(acc, AA, WA, Y, rows, cols, m, n, stride_y, A_PER_ROW: tl.constexpr,
+                 W_PER_ROW: tl.constexpr):  # fmt: skip
+    """Y[rows, cols] = bf16(acc^T * alpha_a * alpha_w), acc a [cols, rows] fp32 tile."""
+    row_ok, col_ok = rows < m, cols < n
     aa = tl.load(AA + rows, mask=row_ok, other=0.0) if A_PER_ROW else tl.load(AA + rows * 0)
     wa = tl.load(WA + cols, mask=col_ok, other=0.0) if W_PER_ROW else tl.load(WA + cols * 0)
     y = acc * wa[:, None] * aa[None, :]
     tl.store(Y + rows[None, :].to(tl.int64) * stride_y + cols[:, None], cast_rne(y, tl.bfloat16),
              mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def _split_sum_kernel(WS, AA, WA, Y, m, n, splits, stride_y, A_PER_ROW: tl.constexpr,
+                      W_PER_ROW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """The split-K partials summed in split order (deterministic), then the alphas and the cast."""
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (cols < n)[:, None] & (rows < m)[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for s in range(0, splits):
+        acc += tl.load(WS + s * m * n + rows[None, :] * n + cols[:, None], mask=mask, other=0.0)
+    _scale_store(acc, AA, WA, Y, rows, cols, m, n, stride_y, A_PER_ROW, W_PER_ROW)
 
 
 def _check_operand(name, c, sf, alpha, k=None):
@@ -184,8 +211,10 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
         return out
     if m == 0 or n == 0:
         return out
-    cfg = dict(config or nvfp4_launch_config(m, n, k))
+    sms = sm_count(dev.index or 0) if dev.type == "cuda" else 132  # (interpreter: CPU tensors)
+    cfg = dict(config or nvfp4_launch_config(m, n, k, sms))
     a_codes_in_loop = cfg.pop("A_CODES", m <= 64)
+    split = cfg.pop("SPLIT_K", 1)
     upcast = triton_interpreter_active() or dev.type == "cpu"
     a, a_stride = a_codes, a_codes.stride(0)
     if not a_codes_in_loop:
@@ -195,27 +224,41 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
                                          a_scales.stride(0), a.stride(0), BLOCK_R=32,
                                          BLOCK_K=64, UPCAST=upcast, num_warps=4)  # fmt: skip
         a_stride = a.stride(0)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    k_split = triton.cdiv(k // cfg["BLOCK_K"], split) * cfg["BLOCK_K"]
+    splits = triton.cdiv(k, k_split)
+    ws = torch.empty(splits, m, n, dtype=torch.float32, device=dev) if splits > 1 else out
+    a_per_row, w_per_row = a_alpha.numel() == m and m > 1, w_alpha.numel() == n and n > 1
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), splits)
     _nvfp4_linear_kernel[grid](
-        a, a_scales, a_alpha, w_codes, w_scales, w_alpha, out, m, n, k, a_stride,
+        a, a_scales, a_alpha, w_codes, w_scales, w_alpha, out, ws, m, n, k, k_split, a_stride,
         a_scales.stride(0), w_codes.stride(0), w_scales.stride(0), out.stride(0),
-        A_CODES=a_codes_in_loop, A_PER_ROW=a_alpha.numel() == m and m > 1,
-        W_PER_ROW=w_alpha.numel() == n and n > 1, UPCAST=upcast, **cfg,
+        A_CODES=a_codes_in_loop, A_PER_ROW=a_per_row, W_PER_ROW=w_per_row, SPLIT=splits > 1,
+        UPCAST=upcast, **cfg,
     )  # fmt: skip
+    if splits > 1:
+        grid = (triton.cdiv(n, 128), triton.cdiv(m, 16))
+        _split_sum_kernel[grid](ws, a_alpha, w_alpha, out, m, n, splits, out.stride(0),
+                                A_PER_ROW=a_per_row, W_PER_ROW=w_per_row, BLOCK_M=16,
+                                BLOCK_N=128, num_warps=4)  # fmt: skip
     return out
 
 
-def nvfp4_launch_config(m: int, n: int, k: int) -> dict:
-    """Tile for an [m, k] x [n, k] product. Up to 64 rows the activations are dequantized inside
-    the loop (their tile is small next to the weights'); above, once, to bf16 before it, so the
-    loop dequantizes only the weight tile. BLOCK_K divides K (a multiple of 64)."""
+def nvfp4_launch_config(m: int, n: int, k: int, sms: int = 132) -> dict:
+    """Tile for an [m, k] x [n, k] product on a GPU with ``sms`` multiprocessors. Up to 64 rows
+    the activations are dequantized inside the loop (their tile is small next to the weights'),
+    and K is split (fp32 partials, then a sum in split order) until there are two programs an SM,
+    each at least two K steps; above 64 rows the activations are dequantized once, to bf16 before
+    the loop, so the loop dequantizes only the weight tile. BLOCK_K divides K (a multiple of 64)."""
     block_k = 128 if k % 128 == 0 else 64
     if m <= 64:
         block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-        return {"A_CODES": True, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": block_k,
-                "GROUP_M": 1, "num_warps": 4, "num_stages": 3}  # fmt: skip
-    return {"A_CODES": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
-            "num_warps": 8, "num_stages": 3}  # fmt: skip
+        tiles, split = triton.cdiv(n, 64), 1
+        while tiles * split < 2 * sms and k // block_k >= 4 * split:
+            split *= 2
+        return {"A_CODES": True, "SPLIT_K": split, "BLOCK_M": block_m, "BLOCK_N": 64,
+                "BLOCK_K": block_k, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}  # fmt: skip
+    return {"A_CODES": False, "SPLIT_K": 1, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
+            "GROUP_M": 8, "num_warps": 8, "num_stages": 3}  # fmt: skip
 
 
 def reference_nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha):
