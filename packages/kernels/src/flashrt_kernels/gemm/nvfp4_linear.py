@@ -226,6 +226,9 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
         a_stride = a.stride(0)
     k_split = triton.cdiv(k // cfg["BLOCK_K"], split) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_split)
+    if splits > 1 and splits * m * n >= 2**31:
+        raise ValueError(f"{OP}: a {splits}-way split of K needs {splits} x {m} x {n} fp32 partials, "
+                         "more than 32-bit offsets address; use fewer splits")  # fmt: skip
     ws = torch.empty(splits, m, n, dtype=torch.float32, device=dev) if splits > 1 else out
     a_per_row, w_per_row = a_alpha.numel() == m and m > 1, w_alpha.numel() == n and n > 1
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), splits)

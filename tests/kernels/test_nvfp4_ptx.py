@@ -1,0 +1,107 @@
+"""The PTX that decodes NVFP4 on the GPU (``nvfp4_linear.E2M1_BF16_ASM``), run by a small
+emulator of the instructions it uses (semantics from the PTX ISA), against the e2m1 table and the
+block scales: the interpreter cannot run inline PTX, so this is how CI checks it."""
+
+import importlib
+import random
+import re
+import struct
+
+import torch
+
+from flashrt_kernels.quant.reference import e2m1_decode
+
+nv = importlib.import_module("flashrt_kernels.gemm.nvfp4_linear")  # (the package exports the op)
+M32 = 0xFFFFFFFF
+
+
+def _prmt(a: int, b: int, c: int) -> int:
+    """prmt.b32 d, a, b, c (generic mode): byte i of d is byte (c >> 4i) & 7 of {b, a}, or that
+    byte's sign bit replicated when bit 3 of the selector is set."""
+    src, d = a | (b << 32), 0
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        byte = (src >> (8 * (sel & 7))) & 0xFF
+        if sel & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        d |= byte << (8 * i)
+    return d
+
+
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    d = 0
+    for bit in range(32):
+        idx = (((a >> bit) & 1) << 2) | (((b >> bit) & 1) << 1) | ((c >> bit) & 1)
+        d |= ((lut >> idx) & 1) << bit
+    return d
+
+
+def _bf16(h: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", h << 16))[0]
+
+
+def _to_bf16(x: float) -> int:
+    return int(torch.tensor([x], dtype=torch.float32).to(torch.bfloat16).view(torch.int16)) & 0xFFFF
+
+
+def _mul_bf16x2(a: int, b: int) -> int:
+    lo = _to_bf16(_bf16(a & 0xFFFF) * _bf16(b & 0xFFFF))
+    hi = _to_bf16(_bf16(a >> 16) * _bf16(b >> 16))
+    return lo | (hi << 16)
+
+
+def _run(asm: str, operands: dict[str, int]) -> dict[str, int]:
+    regs = dict(operands)
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        return int(tok, 0) & M32 if tok[0].isdigit() else regs[tok]
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        args = [a.strip() for a in rest.split(",")]
+        d, srcs = args[0], [val(a) for a in args[1:]]
+        if op == "and.b32":
+            regs[d] = srcs[0] & srcs[1]
+        elif op == "shr.b32":
+            regs[d] = srcs[0] >> srcs[1]
+        elif op == "shl.b32":
+            regs[d] = (srcs[0] << srcs[1]) & M32
+        elif op == "mov.b32":
+            regs[d] = srcs[0]
+        elif op == "prmt.b32":
+            regs[d] = _prmt(*srcs)
+        elif op == "lop3.b32":
+            regs[d] = _lop3(*srcs)
+        elif op == "mul.rn.bf16x2":
+            regs[d] = _mul_bf16x2(*srcs)
+        else:
+            raise AssertionError(
+                f"the emulator does not know {op!r}: extend it with the ISA's rule"
+            )
+    return regs
+
+
+def test_e2m1_ptx_gives_the_codes_times_their_scales():
+    asm = nv.E2M1_BF16_ASM.value
+    assert set(re.findall(r"\$\d", asm)) == {f"${i}" for i in range(7)}
+    rng = random.Random(0)
+    scales = [0.001953125, 0.0625, 1.0, 1.125, 3.5, 240.0, 448.0]  # e4m3: 2**-9 .. 448
+    words = [rng.getrandbits(32) for _ in range(3000)] + [b * 0x01010101 for b in range(256)]
+    for r in words:
+        s01, s23 = rng.choice(scales), rng.choice(scales)
+        pair = [_to_bf16(s) for s in (s01, s01, s23, s23)]
+        out = _run(asm, {"$4": r, "$5": pair[0] | pair[1] << 16, "$6": pair[2] | pair[3] << 16})
+        even = [out["$0"] & 0xFFFF, out["$0"] >> 16, out["$1"] & 0xFFFF, out["$1"] >> 16]
+        odd = [out["$2"] & 0xFFFF, out["$2"] >> 16, out["$3"] & 0xFFFF, out["$3"] >> 16]
+        for j in range(4):
+            byte = (r >> (8 * j)) & 0xFF
+            s = s01 if j < 2 else s23
+            codes = torch.tensor([byte & 15, byte >> 4], dtype=torch.uint8)
+            want = (e2m1_decode(codes).double() * s).tolist()
+            assert [_bf16(even[j]), _bf16(odd[j])] == want, (hex(r), j, s)
+            # a negative code carries the sign bit (so -0 stays -0, as the table's zero)
+            assert even[j] >> 15 == (byte >> 3) & 1 and odd[j] >> 15 == byte >> 7
