@@ -82,24 +82,34 @@ mul.rn.bf16x2 $3, $3, $6;
 @triton.jit
 def _dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K: tl.constexpr,
                   UPCAST: tl.constexpr):  # fmt: skip
-    """Rows ``rows`` of an NVFP4 operand at k0 .. k0 + BLOCK_K as a [rows, BLOCK_K] tile in k
-    order: a byte holds two codes (low nibble first), 16 codes share an e4m3 scale. bf16 through
+    """Rows ``rows`` of an NVFP4 operand at k0 .. k0 + BLOCK_K as a [rows, BLOCK_K] tile: a byte
+    holds two codes (low nibble first), 16 codes share an e4m3 scale. The tile's K order is a
+    fixed permutation of memory's within the block (k-pairs by residue mod 4, below), the same for
+    both operands of the dot and for the activation pre-pass, so the sum is over the same terms.
+    bf16 through
     ``E2M1_BF16_ASM`` on the GPU; fp32 through ``_e2m1_scaled`` where PTX cannot run (the
     interpreter); the same values."""
     r: tl.constexpr = rows.shape[0]
-    byte = tl.load(C + rows[:, None] * stride_c + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
-                   mask=row_ok[:, None], other=0)  # fmt: skip
+    nb: tl.constexpr = BLOCK_K // 2  # bytes a row
+    j: tl.constexpr = nb // 4
+    # The block's bytes in memory as [4, j]; in the tile, byte (c, i) is k-pair i * 4 + c. The dot's
+    # register layout gives a lane the k-pairs of one residue c, so a lane's bytes are contiguous.
+    at = (tl.arange(0, 4)[:, None] * j + tl.arange(0, j)[None, :])[None, :, :]
+    byte = tl.load(C + rows[:, None, None] * stride_c + k0 // 2 + at, mask=row_ok[:, None, None],
+                   other=0)  # fmt: skip
+    byte = tl.reshape(tl.permute(byte, (0, 2, 1)), (r, nb))
     sf = tl.load(SF + rows[:, None] * stride_sf + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :],
                  mask=row_ok[:, None], other=0.0)  # fmt: skip
+    # byte (c, i) holds codes 2 (c j + i) and the next: block (c j + i) // 8 = c (j // 8) + i // 8
+    sf = tl.broadcast_to(tl.reshape(sf, (r, 4, j // 8))[:, :, :, None], (r, 4, j // 8, 8))
+    sf = tl.reshape(tl.permute(tl.reshape(sf, (r, 4, j)), (0, 2, 1)), (r, nb))
     if UPCAST:
         sf = sf.to(tl.float32) * 0.5
-        sf = tl.reshape(tl.broadcast_to(sf[:, :, None], (r, BLOCK_K // 16, 8)), (r, BLOCK_K // 2))
         code = byte.to(tl.int32)
         lo = _e2m1_scaled(code & 15, sf)
         hi = _e2m1_scaled(code >> 4, sf)
     else:
         sf = sf.to(tl.bfloat16)
-        sf = tl.reshape(tl.broadcast_to(sf[:, :, None], (r, BLOCK_K // 16, 8)), (r, BLOCK_K // 2))
         lo, hi = tl.inline_asm_elementwise(
             E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r", [byte, sf], dtype=(tl.bfloat16, tl.bfloat16),
             is_pure=True, pack=4,
@@ -219,10 +229,12 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
     a, a_stride = a_codes, a_codes.stride(0)
     if not a_codes_in_loop:
         a = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
-        grid = (triton.cdiv(m, 32), k // 64)
+        # (in the loop's K order: the same BLOCK_K, so the same k-pair order within a block)
+        grid = (triton.cdiv(m, 32), k // cfg["BLOCK_K"])
         _nvfp4_dequant_rows_kernel[grid](a_codes, a_scales, a, m, a_codes.stride(0),
                                          a_scales.stride(0), a.stride(0), BLOCK_R=32,
-                                         BLOCK_K=64, UPCAST=upcast, num_warps=4)  # fmt: skip
+                                         BLOCK_K=cfg["BLOCK_K"], UPCAST=upcast,
+                                         num_warps=4)  # fmt: skip
         a_stride = a.stride(0)
     k_split = triton.cdiv(k // cfg["BLOCK_K"], split) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_split)
