@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Offline check of ``nvfp4_linear`` for Hopper, no GPU needed: compile every launch
 configuration of ``tools/tune_nvfp4.py`` (and the activation pre-pass and the split sum) for
-sm_90 through ptxas, then count the main loop's PTX instructions a K step for the decode tile
-(16 x 64 x 128, activations dequantized in the loop) and the prefill tile (128 x 128 x 64, bf16
-activations).
+sm_90 through ptxas, then count the main loop's instructions a K step, in PTX and in SASS (through
+the nvdisasm that Triton ships), for the decode tile (16 x 64 x 128, activations dequantized in the
+loop) and the prefill tile (128 x 128 x 64, bf16 activations).
 
     python3 tools/nvfp4_ptx.py [--module PATH]
 
@@ -66,6 +66,23 @@ def loop_counts(ptx: str) -> tuple[int, int, collections.Counter]:
     return best
 
 
+def sass_loop_counts(sass: str) -> tuple[int, int, collections.Counter]:
+    """(instructions, HGMMA, opcode counts) of the SASS loop (label .. backward BRA) holding the
+    most HGMMA."""
+    lines, labels = sass.splitlines(), {}
+    best = (0, 0, collections.Counter())
+    for i, ln in enumerate(lines):
+        if m := re.match(r"^(LBB\d+):", ln):
+            labels[m.group(1)] = i
+        if (m := re.search(r"BRA (LBB\d+);", ln)) and m.group(1) in labels:
+            body = [b.split("\t", 1)[1] for b in lines[labels[m.group(1)] + 1 : i + 1] if "\t" in b]
+            mma = sum("HGMMA" in b for b in body)
+            if mma > best[1]:
+                ops = (b.split()[1 if b.startswith("@") else 0].split(".")[0] for b in body)
+                best = (len(body), mma, collections.Counter(ops))
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--module", default=None, help="another nvfp4_linear.py to count")
@@ -107,6 +124,8 @@ def main() -> None:
         n_instr, n_mma, ops = loop_counts(kern.asm["ptx"])
         loads = {o: c for o, c in ops.items() if o.startswith(("ld.shared", "cp.async"))}
         print(f"{bm} x {bn} x {bk}: {n_instr} PTX instructions a K step, {n_mma} wgmma; {loads}")
+        n_sass, n_hgmma, sops = sass_loop_counts(kern.asm["sass"])
+        print(f"  SASS: {n_sass} a K step, {n_hgmma} HGMMA; most: {sops.most_common(8)}")
 
 
 if __name__ == "__main__":
