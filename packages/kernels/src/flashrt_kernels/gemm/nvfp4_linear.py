@@ -1,11 +1,14 @@
 """NVFP4 W4A4 GEMM for GPUs without FP4 tensor cores (Hopper): both operands arrive as e2m1 codes
 with UE4M3 block scales (``quant.quantize_rows_nvfp4`` / ``reference.nvfp4_quantize``). Each weight
 tile is dequantized in registers to bf16 (exactly: an e2m1 value times an e4m3 scale has at most 6
-significant bits) and is the left operand of a bf16 tensor-core dot with fp32 accumulation (the
-product is computed transposed, so the few activation rows of a decode step are the dot's narrow
-side). Up to 64 rows the activation tiles are dequantized in the loop too; above, once to bf16 by
-a small kernel before it. The row alphas multiply in the epilogue. It saves weight memory and
-bandwidth, not arithmetic.
+significant bits; on the GPU by the PTX byte-table lookups of ``E2M1_BF16_ASM``) and is the left
+operand of a bf16 tensor-core dot with fp32 accumulation (the product is computed transposed, so
+the few activation rows of a decode step are the dot's narrow side). Within a K block the tiles
+take the codes in a fixed permuted order (both operands alike), so a lane's bytes are contiguous.
+Up to 64 rows the activation tiles are dequantized in the loop too, and K is split where the tiles
+alone would leave SMs idle (fp32 partials summed in split order); above 64 rows the activations
+are dequantized once, to bf16, by a small kernel before the loop. The row alphas multiply in the
+epilogue. It saves weight memory and bandwidth, not arithmetic.
 
 ``y[m, n] = round(alpha_a[m] * alpha_w[n] * sum_k (e2m1 * sf)_a[m, k] (e2m1 * sf)_w[n, k])``.
 Contract: ``faithful`` against ``reference.nvfp4_linear`` (float64): |y - y_ref| <= 2**-8 |y_ref|
