@@ -1,7 +1,10 @@
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from flashrt_kernels.quant import int4, paroquant, quantize_rows, reference
+from flashrt_kernels.quant.device import e2m1_code_of_quotient
 from flashrt_kernels.quant.properties import PROPERTIES as PROPS
 
 NAMES = (
@@ -115,6 +118,63 @@ def test_nvfp4_codes_scales_and_round_trip():
         assert torch.equal(reference.nvfp4_dequantize(p2, sf2, alpha), y)
     a = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 100.0])
     assert reference.e2m1_encode(a).tolist() == [0, 2, 2, 4, 4, 6, 6, 7, 7]
+
+
+@triton.jit
+def _codes_of_quotients(A, S, C, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a = tl.load(A + i, mask=i < n, other=0.0)
+    s = tl.load(S + i, mask=i < n, other=1.0)
+    tl.store(C + i, e2m1_code_of_quotient(a, s, tl.zeros_like(i).to(tl.uint32)), mask=i < n)
+
+
+def _e4m3_positive_values():
+    bits = torch.arange(1, 0x7F, dtype=torch.uint8)  # every positive finite e4m3, subnormals too
+    return bits.view(torch.float8_e4m3fn).float()
+
+
+def test_e2m1_code_of_quotient_is_the_code_of_the_rounded_division():
+    """Every positive e4m3 scale s against a at each threshold times s, its fp32 neighbours (two
+    each side), zero, NaN and random magnitudes: the compare-only code equals e2m1 of the
+    correctly rounded fp32 quotient a / s."""
+    s = _e4m3_positive_values()
+    t = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    at = (t[None, :] * s[:, None]).reshape(-1)
+    as_int = at.view(torch.int32)
+    near = torch.stack([(as_int + d).view(torch.float32) for d in (-2, -1, 0, 1, 2)], 1)
+    rand = torch.rand(s.numel(), 16, generator=_gen(21)) * 7 * s[:, None]
+    a = torch.cat([near.reshape(s.numel(), -1), rand, torch.zeros(s.numel(), 1),
+                   torch.full((s.numel(), 1), float("nan"))], 1)  # fmt: skip
+    sv = s[:, None].expand_as(a).contiguous()
+    a, sv = a.reshape(-1).contiguous(), sv.reshape(-1)
+    want = reference.e2m1_encode(a / sv)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    got = torch.empty(a.numel(), dtype=torch.int32, device=dev)
+    _codes_of_quotients[(triton.cdiv(a.numel(), 1024),)](a.to(dev), sv.to(dev), got, a.numel(),
+                                                  BLOCK=1024)  # fmt: skip
+    assert torch.equal(got.cpu(), want.int())
+    # +inf as the scale (an all-zero block) gives code 0
+    assert reference.e2m1_encode(torch.tensor([0.0])).item() == 0
+
+
+def test_nvfp4_quantizer_keeps_the_quotients_signs_and_zero_codes():
+    """Blocks where x * g / sf underflows to -0 (tiny negatives next to a large value), subnormal
+    inputs, an all-zero block and values at the e2m1 thresholds: the Triton quantizer's bytes
+    are the reference's."""
+    from flashrt_kernels.quant import quantize_rows_nvfp4
+
+    x = torch.randn(6, 64, generator=_gen(22))
+    x[0, :16] = torch.tensor([448.0, -1e-44, -1e-38, -3e-39, 1e-45, -1e-45, 0.0, -0.0] * 2)
+    x[1, 16:32] = -1e-42
+    x[2, 32:48] = 0.0
+    x[3, :8] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -6.0]) / 6
+    x[4, :] = -(2.0**-120)
+    x[5, 48:64] = torch.tensor([6.0, -0.5, -0.2, 0.7, 1.3, -1.7, 2.6, 3.4] * 2)
+    got = quantize_rows_nvfp4(x, backend="triton")
+    want = reference.nvfp4_quantize(x, per_row=True)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+    assert torch.equal(got[2], want[2])
 
 
 @pytest.mark.parametrize(

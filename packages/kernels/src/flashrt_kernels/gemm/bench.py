@@ -20,7 +20,7 @@ from flashrt_kernels.gemm.fp8_linear import fp8_linear
 from flashrt_kernels.gemm.nvfp4_linear import nvfp4_linear
 from flashrt_kernels.gemm.w4a8 import w4a8_linear
 from flashrt_kernels.quant.int4 import make_int4_weight
-from flashrt_kernels.quant.nvfp4_rows import quantize_rows_nvfp4
+from flashrt_kernels.quant.nvfp4_rows import quantize_rows_nvfp4, rms_norm_quantize_nvfp4
 from flashrt_kernels.quant.reference import quantize_int4_groups
 from flashrt_kernels.quant.rows import quantize_rows, rms_norm_quantize, silu_mul_quantize
 from flashrt_kernels.registry import register_benchmark
@@ -319,30 +319,46 @@ def run_nvfp4(quick: bool = False) -> list[dict]:
     return out
 
 
-@register_benchmark("gemm_producers", "gemm", "RMSNorm / SiLU-mul -> INT8 / FP8 rows vs floor")
+@register_benchmark(
+    "gemm_producers", "gemm", "RMSNorm / SiLU-mul -> INT8 / FP8 / NVFP4 rows vs floor"
+)
 def run_producers(quick: bool = False) -> list[dict]:
+    """RMSNorm + residual -> rows (INT8, FP8, NVFP4) and SiLU-mul -> rows (INT8, FP8; no NVFP4
+    SiLU-mul producer exists), each with its bandwidth floor: bf16 x and residual read, the new
+    residual and the codes written, plus scales."""
     out = []
     for cols in (2048, 4096):
         w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
         for rows in (1, 16, 4096) if quick else (1, 16, 1024, 4096, 16384):
-            for fmt in ("int8", "fp8"):
-                nbytes = rows * cols * (2 + 2 + 2 + 1) + rows * 4
+            for fmt in ("int8", "fp8", "nvfp4"):
+                fp4 = fmt == "nvfp4"
+                codes = rows * cols // 2 + rows * cols // 16 if fp4 else rows * cols
+                nbytes = rows * cols * (2 + 2 + 2) + codes + rows * 4
                 sets = [(torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16),
                          torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16))
                         for _ in range(rotation(nbytes))]  # fmt: skip
-                q = torch.empty(rows, cols, dtype=torch.int8 if fmt == "int8" else
-                                torch.float8_e4m3fn, device="cuda")  # fmt: skip
-                s, ro = torch.empty(rows, device="cuda"), torch.empty_like(sets[0][0])
-                t_rms = _t([lambda a=a: rms_norm_quantize(a[0], w, 1e-6, fmt, residual=a[1],
-                            out=(q, s), residual_out=ro) for a in sets])  # fmt: skip
-                gnb = rows * cols * (4 + 1) + rows * 4
-                gus = [torch.randn(rows, 2 * cols, device="cuda", dtype=torch.bfloat16)
-                       for _ in range(rotation(gnb))]  # fmt: skip
-                t_silu = _t([lambda g=g: silu_mul_quantize(g, fmt, out=(q, s)) for g in gus])
+                ro = torch.empty_like(sets[0][0])
+                if fp4:
+                    q4 = (torch.empty(rows, cols // 2, dtype=torch.uint8, device="cuda"),
+                          torch.empty(rows, cols // 16, dtype=torch.float8_e4m3fn, device="cuda"),
+                          torch.empty(rows, device="cuda"))  # fmt: skip
+                    t_rms = _t([lambda a=a: rms_norm_quantize_nvfp4(a[0], w, 1e-6, residual=a[1],
+                                out=q4, residual_out=ro) for a in sets])  # fmt: skip
+                    t_silu, gnb = float("nan"), 0
+                else:
+                    q = torch.empty(rows, cols, dtype=torch.int8 if fmt == "int8" else
+                                    torch.float8_e4m3fn, device="cuda")  # fmt: skip
+                    s = torch.empty(rows, device="cuda")
+                    t_rms = _t([lambda a=a: rms_norm_quantize(a[0], w, 1e-6, fmt, residual=a[1],
+                                out=(q, s), residual_out=ro) for a in sets])  # fmt: skip
+                    gnb = rows * cols * (4 + 1) + rows * 4
+                    gus = [torch.randn(rows, 2 * cols, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(rotation(gnb))]  # fmt: skip
+                    t_silu = _t([lambda g=g: silu_mul_quantize(g, fmt, out=(q, s)) for g in gus])
                 out.append({
                     "cols": cols, "rows": rows, "fmt": fmt, "rms_norm_q_us": t_rms,
                     "rms_floor_frac": floor_us(nbytes) / t_rms, "silu_mul_q_us": t_silu,
-                    "silu_floor_frac": floor_us(gnb) / t_silu,
+                    "silu_floor_frac": floor_us(gnb) / t_silu if gnb else float("nan"),
                 })  # fmt: skip
     return out
 

@@ -40,13 +40,23 @@ def fp32_to_e4m3_bits(v):
 
 
 @triton.jit
-def e2m1_code(a):
-    """E2M1 magnitude code (0..7) of |x| = ``a`` (already scaled), round to nearest, ties to even:
-    values 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
-    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-    c += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-    c += (a > 5.0).to(tl.int32)
-    return c
+def e2m1_code_of_quotient(a, s, shift):
+    """E2M1 magnitude code (0..7) of ``fl(a / s)``, shifted left by ``shift`` (uint32), the correctly rounded fp32 quotient, for fp32
+    ``a >= 0`` (NaN gives 0) and ``s > 0`` an e4m3 value or +inf (code 0): the code a division
+    followed by the RNE thresholds 0.25 0.75 1.25 1.75 2.5 3.5 5 (ties to even: ``>`` at
+    0.25 1.25 2.5 5, ``>=`` at the others) gives, without the division.
+
+    Each threshold t times s is exact in fp32 (t has at most 3 significant bits, s 4), and for
+    fp32 ``a``, ``fl(a / s) > t`` iff ``a > t * s`` and ``fl(a / s) >= t`` iff ``a >= t * s``: the
+    fp32 neighbours of t * s, divided by s, lie more than half an ulp of t from t (an ulp of
+    t * s over s is at least ulp(t) / m with m < 2, and t * s is never a power of two for the
+    ``>=`` thresholds), so rounding cannot carry them across. The code is found by a binary search
+    on the block's seven products: three compares. ``s`` broadcasts against ``a``."""
+    p4 = a >= 1.75 * s
+    p2 = a >= tl.where(p4, 3.5 * s, 0.75 * s)
+    t1 = tl.where(p4, tl.where(p2, 5.0 * s, 2.5 * s), tl.where(p2, 1.25 * s, 0.25 * s))
+    one = tl.full(shift.shape, 1, tl.uint32) << shift
+    return tl.where(p4, one << 2, 0) | tl.where(p2, one << 1, 0) | tl.where(a > t1, one, 0)
 
 
 @triton.jit

@@ -5,13 +5,15 @@ fp32 alpha per row (``reference.nvfp4_quantize(x, per_row=True)``), the layout
 Ops:
 - ``quantize_rows_nvfp4(x)``: ``exact`` against that reference (codes, block scales and alphas bit
   for bit): every division is correctly rounded (``tl.div_rn``), the e4m3 scale is built from the
-  fp32 bits under the interpreter and by the native conversion on the GPU;
+  fp32 bits under the interpreter and by the native conversion on the GPU, and the code of each
+  quotient ``x * g / sf`` is found by comparing ``x * g`` with the thresholds times ``sf`` (exact,
+  ``device.e2m1_code_of_quotient``), with no division;
 - ``rms_norm_quantize_nvfp4(x, weight, eps, residual=)``: ``norm.rms_norm`` then
   ``quantize_rows_nvfp4`` in one kernel, ``exact`` against the two kernels: the RMSNorm is
-  ``quant.rows.rms_norm_quantize``'s (``norm.rms_norm``'s helpers, launch shape and column
-  segments, so the normalized rows are its bits) and the quantizer is the device function
-  ``_nvfp4_tile`` that ``quantize_rows_nvfp4`` runs too (max, products and correctly rounded
-  divisions only: no reduction order or fused multiply-add can move a bit).
+  ``quant.rows.rms_norm_quantize``'s (``norm.rms_norm``'s helpers and column segments, its sums
+  pairwise trees, so the normalized rows are its bits whatever the launch shape) and the
+  quantizer is the device function ``_nvfp4_tile`` that ``quantize_rows_nvfp4`` runs too (max, products and correctly rounded
+  divisions and exact compares only: no reduction order or fused multiply-add can move a bit).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_out, check_tensor
 from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
 from flashrt_kernels.quant import reference
-from flashrt_kernels.quant.device import e2m1_code, fp32_to_e4m3_bits
+from flashrt_kernels.quant.device import e2m1_code_of_quotient, fp32_to_e4m3_bits
 from flashrt_kernels.quant.rows import check_norm_inputs, normed_rows
 from flashrt_kernels.triton_helpers import to_f32
 
@@ -50,14 +52,24 @@ def _nvfp4_tile(Q, SF, rows, row_ok, col0, v, g, n_cols, stride_q, stride_sf,
     blocks = col0 // 16 + tl.arange(0, BLOCK // 16)
     tl.store(SF + rows[:, None] * stride_sf + blocks[None, :], sf8.to(tl.uint8, bitcast=True),
              mask=row_ok[:, None] & (blocks < n_cols // 16)[None, :])  # fmt: skip
-    scaled = tl.div_rn(vb * g[:, None, None], tl.where(sff > 0, sff, 1.0)[:, :, None])
-    mag = tl.where(sff[:, :, None] > 0, e2m1_code(tl.abs(scaled)), 0)
-    code = mag | ((scaled < 0).to(tl.int32) << 3)
-    lo, hi = tl.split(tl.reshape(code, (ROWS, BLOCK // 2, 2)))
-    packed = (lo | (hi << 4)).to(tl.uint8)
-    half = col0 // 2 + tl.arange(0, BLOCK // 2)
-    tl.store(Q + rows[:, None] * stride_q + half[None, :], packed,
-             mask=row_ok[:, None] & (half < n_cols // 2)[None, :])  # fmt: skip
+    # code = e2m1(fl(y / sf)) and its sign, y = fl(x * g), without dividing (device.py). The sign
+    # is the quotient's: none where it rounds to zero (|y| <= sf * 2**-150, compared scaled by
+    # 2**126); a zero or NaN scale divides by 1 in the reference, so there it is y's.
+    y = vb * g[:, None, None]
+    s0 = tl.where(sff > 0, sff, 0.0) * -5.960464477539063e-08
+    neg = y * 8.507059173023462e37 < s0[:, :, None]
+    # the four bits go straight to their nibble of a little-endian word of 8 codes (low first)
+    nib = (4 * (tl.arange(0, 16) % 8)).to(tl.uint32)[None, None, :]
+    word = e2m1_code_of_quotient(tl.abs(y), tl.where(sff > 0, sff, float("inf"))[:, :, None], nib)
+    word |= tl.where(neg, 8 << nib, 0)
+    word = tl.reshape(word, (ROWS, BLOCK))
+    lo, hi = tl.split(tl.reshape(word, (ROWS, BLOCK // 2, 2)))  # neighbours' disjoint bits
+    lo, hi = tl.split(tl.reshape(lo | hi, (ROWS, BLOCK // 4, 2)))  # OR-ed: pairs, quads, words
+    lo, hi = tl.split(tl.reshape(lo | hi, (ROWS, BLOCK // 8, 2)))
+    word = lo | hi
+    w_idx = col0 // 8 + tl.arange(0, BLOCK // 8)
+    tl.store(Q.to(tl.pointer_type(tl.uint32)) + rows[:, None] * (stride_q // 4) + w_idx[None, :],
+             word, mask=row_ok[:, None] & (w_idx < n_cols // 8)[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -99,6 +111,18 @@ def _rms_norm_nvfp4_kernel(
     tl.store(A + rows, tl.div_rn(1.0, g), mask=row_ok)
 
 
+def producer_launch(width: int) -> tuple[int, int]:
+    """(ROWS, num_warps) of the RMSNorm -> NVFP4 producer over ``width`` padded columns: 16-32
+    elements a thread, one row a program from 512 columns up, 4 or 8 rows on one warp below.
+    (The RMSNorm's sums are pairwise trees over norm.rms_norm's column segments, so the launch
+    shape moves no bit.) Two-row tiles and some four-row ones (768 columns on 4 warps) compile
+    to code that spills the quantizer's registers, 20-100x the instructions (Triton 3.6-3.9,
+    sm_90), so none is used."""
+    if width >= 512:
+        return 1, max(1, min(16, 1 << (max(width // 1024, 1).bit_length() - 1)))
+    return min(8, 1 << ((1024 // width).bit_length() - 1)), 1
+
+
 def _native(dev: torch.device) -> bool:
     return dev.type == "cuda" and not triton_interpreter_active()
 
@@ -118,6 +142,9 @@ def _alloc_or_check(op, m, k, dev, out):
     check_out(op, "out[1] (block scales)", sf, shape=(m, k // 16), dtype=torch.float8_e4m3fn,
               device=dev)  # fmt: skip
     check_out(op, "out[2] (alpha)", alpha, shape=(m,), dtype=torch.float32, device=dev)
+    if q.data_ptr() % 4:
+        raise ValueError(f"{op}: out[0] (codes) must start 4-byte aligned (the codes are stored "
+                         "as 32-bit words); got a view at an odd offset")  # fmt: skip
     return q, sf, alpha
 
 
@@ -141,7 +168,7 @@ def quantize_rows_nvfp4(x: torch.Tensor, *, out=None, backend: str = "auto"):
         block = triton.next_power_of_2(k)
         _nvfp4_rows_kernel[(m,)](
             x, q, sf.view(torch.uint8), alpha, k, x.stride(0), q.stride(0), sf.stride(0),
-            NATIVE=_native(dev), BLOCK=block, num_warps=4 if block <= 2048 else 8,
+            NATIVE=_native(dev), BLOCK=block, num_warps=max(1, min(16, block // 1024)),
             enable_fp_fusion=False,
         )  # fmt: skip
     return q, sf, alpha
@@ -164,7 +191,8 @@ def rms_norm_quantize_nvfp4(x, weight, eps: float = 1e-6, *, residual=None, out=
             residual_out.copy_(new_res)
         _copy_outputs((q, sf, alpha), ref)
     elif m:
-        block_a, block_b, rows, warps = norm_launch_config(k)
+        block_a, block_b, _, _ = norm_launch_config(k)
+        rows, warps = producer_launch(block_a + block_b)
         has_res = residual is not None
         _rms_norm_nvfp4_kernel[(triton.cdiv(m, rows),)](
             x, weight, residual if has_res else x, residual_out if has_res else x, q,
