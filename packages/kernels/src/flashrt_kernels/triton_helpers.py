@@ -46,6 +46,18 @@ def to_f32(x):
 
 
 @triton.jit
+def rounded_f32(x, dtype: tl.constexpr, NATIVE: tl.constexpr):
+    """fp32 ``x`` rounded to ``dtype`` (round to nearest even), as fp32 values. ``NATIVE`` (on
+    the GPU) uses its conversion, ``cvt.rn``: the same values in two instructions, where
+    ``cast_rne``'s integer rounding takes about six (only a NaN's payload may differ, and the
+    value stays a NaN); without it, ``cast_rne``, which the interpreter needs."""
+    if NATIVE:
+        return x.to(dtype).to(tl.float32)
+    else:
+        return to_f32(cast_rne(x, dtype))
+
+
+@triton.jit
 def negate_f32(x):
     """-x for fp32 ``x`` by flipping the sign bit: ``-(+0.0)`` is ``-0.0`` (Triton's unary minus
     has lowered to ``0 - x`` on some versions, which gives ``+0.0``)."""

@@ -102,7 +102,8 @@ def _rms_norm_nvfp4_kernel(
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     row_ok = rows < n_rows
     ya, yb, amax, _, _ = normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x, stride_r,
-                                     stride_ro, eps, HAS_RESIDUAL, BLOCK_A, BLOCK_B)  # fmt: skip
+                                     stride_ro, eps, HAS_RESIDUAL, BLOCK_A, BLOCK_B,
+                                     NATIVE)  # fmt: skip
     g = _row_scale(amax)
     _nvfp4_tile(Q, SF, rows, row_ok, 0, ya, g, n_cols, stride_q, stride_sf, NATIVE, ROWS, BLOCK_A)
     if BLOCK_B > 0:

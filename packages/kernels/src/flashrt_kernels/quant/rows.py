@@ -27,7 +27,7 @@ from flashrt_kernels.norm.rms_norm import column_split
 from flashrt_kernels.norm.rms_norm import load_segment as norm_load_segment
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import quantize_tile, quantize_tile_amax, swiglu
-from flashrt_kernels.triton_helpers import cast_rne, pairwise_row_sum, to_f32
+from flashrt_kernels.triton_helpers import cast_rne, pairwise_row_sum, rounded_f32, to_f32
 
 FORMATS = ("int8", "fp8")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -56,16 +56,18 @@ def _quantize_rows_kernel(
 
 
 @triton.jit
-def _normed_segment(W, xf, inv, cols, col_ok, DTYPE: tl.constexpr):
-    """norm.rms_norm's output for one segment, as fp32 values of the rounded dtype."""
-    normed = cast_rne(xf * inv[:, None], DTYPE)
+def _normed_segment(W, xf, inv, cols, col_ok, DTYPE: tl.constexpr, NATIVE: tl.constexpr):
+    """norm.rms_norm's output for one segment, as fp32 values of the rounded dtype (NATIVE: the
+    GPU's own rounding, the same values, ``triton_helpers.rounded_f32``)."""
+    normed = rounded_f32(xf * inv[:, None], DTYPE, NATIVE)
     w = tl.load(W + cols, mask=col_ok, other=0.0)
-    return to_f32(cast_rne(to_f32(normed) * to_f32(w)[None, :], DTYPE))
+    return rounded_f32(normed * to_f32(w)[None, :], DTYPE, NATIVE)
 
 
 @triton.jit
 def normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x, stride_r, stride_ro, eps,
-                HAS_RESIDUAL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
+                HAS_RESIDUAL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                NATIVE: tl.constexpr):  # fmt: skip
     """norm.rms_norm's output for ``rows`` (its two column segments, helpers and arithmetic, so
     the bits are its output's), as fp32 values: ``(ya, yb, amax, cols_b, ok_b)`` with ``ya`` the
     columns [0, BLOCK_A) and ``yb`` [BLOCK_A, BLOCK_A + BLOCK_B) (``ya`` again when BLOCK_B is 0),
@@ -84,12 +86,12 @@ def normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x, stride_r, stride_ro
         sum_sq += pairwise_row_sum(xb * xb)
     inv = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
     dt = X.dtype.element_ty
-    ya = tl.where(row_ok[:, None], _normed_segment(W, xa, inv, cols_a, ok_a, dt), 0.0)
+    ya = tl.where(row_ok[:, None], _normed_segment(W, xa, inv, cols_a, ok_a, dt, NATIVE), 0.0)
     amax = tl.max(tl.abs(ya), axis=1)
     yb = ya
     if BLOCK_B > 0:
         mask_b = row_ok[:, None] & ok_b[None, :]
-        yb = tl.where(mask_b, _normed_segment(W, xb, inv, cols_b, ok_b, dt), 0.0)
+        yb = tl.where(mask_b, _normed_segment(W, xb, inv, cols_b, ok_b, dt, NATIVE), 0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(yb), axis=1))
     return ya, yb, amax, cols_b, ok_b
 
@@ -106,7 +108,7 @@ def _rms_norm_quantize_kernel(
     row_ok = rows < n_rows
     ya, yb, amax, cols_b, ok_b = normed_rows(X, W, R, RO, rows, row_ok, n_cols, stride_x,
                                              stride_r, stride_ro, eps, HAS_RESIDUAL, BLOCK_A,
-                                             BLOCK_B)  # fmt: skip
+                                             BLOCK_B, NATIVE)  # fmt: skip
     cols_a = tl.arange(0, BLOCK_A)
     qa, scale = quantize_tile_amax(ya, amax, FP8, NATIVE)
     mask_a = row_ok[:, None] & (cols_a < BLOCK_A)[None, :]
