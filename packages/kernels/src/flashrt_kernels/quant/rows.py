@@ -132,10 +132,11 @@ def _silu_mul_kernel(
     base = GU + rows[:, None] * stride_gu + cols[None, :]
     g = to_f32(tl.load(base, mask=mask, other=0.0))
     u = to_f32(tl.load(base + n_cols, mask=mask, other=0.0))
-    h = cast_rne(swiglu(g, u), GU.dtype.element_ty)
     if QUANTIZE:
-        _store_codes(Q, S, rows, cols, mask, stride_q, to_f32(h), FP8, NATIVE)
+        h = rounded_f32(swiglu(g, u), GU.dtype.element_ty, NATIVE)
+        _store_codes(Q, S, rows, cols, mask, stride_q, h, FP8, NATIVE)
     else:
+        h = cast_rne(swiglu(g, u), GU.dtype.element_ty)
         tl.store(Y + rows[:, None] * stride_y + cols[None, :], h, mask=mask)
 
 
