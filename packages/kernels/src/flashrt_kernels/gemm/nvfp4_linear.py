@@ -262,28 +262,30 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
 
 
 def nvfp4_launch_config(m: int, n: int, k: int, sms: int = 132) -> dict:
-    """Tile for an [m, k] x [n, k] product on a GPU with ``sms`` multiprocessors, as the H100
-    sweep of 2026-12-05 chose (``tools/tune_nvfp4.py``; docs/kernels/gemm.md). Up to 64 rows
+    """Tile for an [m, k] x [n, k] product on a GPU with ``sms`` multiprocessors, from the H100
+    sweep and A/B of 2026-12-05 (``tools/tune_nvfp4.py``; docs/kernels/gemm.md). Up to 64 rows
     the activations are dequantized inside the loop (their tile is small next to the weights'),
     and K is split (fp32 partials, then a sum in split order) until there are two programs an SM,
     counted in 64-column tiles, each split at least 512 deep; up to 16 rows a K step is 256 wide
-    where K allows it, above 16 a tile is 128 columns wide. Above 64 rows the activations
-    are dequantized once, to bf16 before the loop, so the loop dequantizes only the weight tile;
-    up to 256 rows with 128-wide K steps. K is a multiple of 64."""
+    where K allows it and the split is at most 4, above 16 a tile is 128 columns wide. Above 64
+    rows the activations are dequantized once, to bf16 before the loop, so the loop dequantizes
+    only the weight tile; up to 256 rows with 128-wide K steps and 4 stages where K >= 4096.
+    K is a multiple of 64."""
     block_k = 128 if k % 128 == 0 else 64
     if m <= 64:
         block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
         tiles, split = triton.cdiv(n, 64), 1
         while tiles * split < 2 * sms and k // block_k >= 4 * split:
             split *= 2
-        if m <= 16 and k % 256 == 0:
+        if m <= 16 and k % 256 == 0 and split <= 4:
             block_k = 256
         block_n = 64 if m <= 16 else 128
         return {"A_CODES": True, "SPLIT_K": split, "BLOCK_M": block_m, "BLOCK_N": block_n,
                 "BLOCK_K": block_k, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}  # fmt: skip
+    wide_k = m <= 256 and k >= 4096 and block_k == 128
     return {"A_CODES": False, "SPLIT_K": 1, "BLOCK_M": 128, "BLOCK_N": 128,
-            "BLOCK_K": block_k if m <= 256 else 64, "GROUP_M": 8, "num_warps": 8,
-            "num_stages": 4}  # fmt: skip
+            "BLOCK_K": 128 if wide_k else 64, "GROUP_M": 8, "num_warps": 8,
+            "num_stages": 4 if wide_k else 3}  # fmt: skip
 
 
 def reference_nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha):
