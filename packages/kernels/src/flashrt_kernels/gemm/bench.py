@@ -20,6 +20,7 @@ from flashrt_kernels.gemm.fp8_linear import fp8_linear
 from flashrt_kernels.gemm.nvfp4_linear import nvfp4_linear
 from flashrt_kernels.gemm.w4a8 import w4a8_linear
 from flashrt_kernels.quant.int4 import make_int4_weight
+from flashrt_kernels.quant.layer_norm import layer_norm_quantize
 from flashrt_kernels.quant.nvfp4_rows import quantize_rows_nvfp4, rms_norm_quantize_nvfp4
 from flashrt_kernels.quant.reference import quantize_int4_groups
 from flashrt_kernels.quant.rows import quantize_rows, rms_norm_quantize, silu_mul_quantize
@@ -320,14 +321,15 @@ def run_nvfp4(quick: bool = False) -> list[dict]:
 
 
 @register_benchmark(
-    "gemm_producers", "gemm", "RMSNorm / SiLU-mul -> INT8 / FP8 / NVFP4 rows vs floor"
+    "gemm_producers", "gemm", "RMSNorm / SiLU-mul / LayerNorm -> INT8 / FP8 / NVFP4 rows vs floor"
 )
 def run_producers(quick: bool = False) -> list[dict]:
-    """RMSNorm + residual -> rows (INT8, FP8, NVFP4) and SiLU-mul -> rows (INT8, FP8; no NVFP4
-    SiLU-mul producer exists), each with its bandwidth floor: bf16 x and residual read, the new
-    residual and the codes written, plus scales."""
+    """RMSNorm + residual -> rows (INT8, FP8, NVFP4), SiLU-mul -> rows and LayerNorm -> rows
+    (INT8, FP8; there is no NVFP4 SiLU-mul or LayerNorm producer), each with its bandwidth floor:
+    the bf16 inputs read (x and residual; gate|up; x), the new residual and the codes written,
+    plus scales. 11008 columns: a width that is not a power of two (two column segments)."""
     out = []
-    for cols in (2048, 4096):
+    for cols in (2048, 4096, 11008):
         w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
         for rows in (1, 16, 4096) if quick else (1, 16, 1024, 4096, 16384):
             for fmt in ("int8", "fp8", "nvfp4"):
@@ -344,7 +346,7 @@ def run_producers(quick: bool = False) -> list[dict]:
                           torch.empty(rows, device="cuda"))  # fmt: skip
                     t_rms = _t([lambda a=a: rms_norm_quantize_nvfp4(a[0], w, 1e-6, residual=a[1],
                                 out=q4, residual_out=ro) for a in sets])  # fmt: skip
-                    t_silu, gnb = float("nan"), 0
+                    t_silu, gnb, t_ln, lnb = float("nan"), 0, float("nan"), 0
                 else:
                     q = torch.empty(rows, cols, dtype=torch.int8 if fmt == "int8" else
                                     torch.float8_e4m3fn, device="cuda")  # fmt: skip
@@ -355,10 +357,18 @@ def run_producers(quick: bool = False) -> list[dict]:
                     gus = [torch.randn(rows, 2 * cols, device="cuda", dtype=torch.bfloat16)
                            for _ in range(rotation(gnb))]  # fmt: skip
                     t_silu = _t([lambda g=g: silu_mul_quantize(g, fmt, out=(q, s)) for g in gus])
+                    lnb = rows * cols * 3 + rows * 4
+                    b = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+                    xs = [torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+                          for _ in range(rotation(lnb))]  # fmt: skip
+                    t_ln = _t([lambda x=x: layer_norm_quantize(x, w, b, 1e-6, fmt, out=(q, s))
+                               for x in xs])  # fmt: skip
                 out.append({
                     "cols": cols, "rows": rows, "fmt": fmt, "rms_norm_q_us": t_rms,
                     "rms_floor_frac": floor_us(nbytes) / t_rms, "silu_mul_q_us": t_silu,
                     "silu_floor_frac": floor_us(gnb) / t_silu if gnb else float("nan"),
+                    "layer_norm_q_us": t_ln,
+                    "ln_floor_frac": floor_us(lnb) / t_ln if lnb else float("nan"),
                 })  # fmt: skip
     return out
 

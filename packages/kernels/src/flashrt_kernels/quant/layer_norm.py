@@ -6,7 +6,8 @@
 Contracts: ``layer_norm`` is ``faithful`` against ``reference.layer_norm`` (the fp32 sums are
 reduced in another order: |y - y_ref| <= 2 ulp(dtype) * |y_ref| + 2**-14 * (|w| + |b|));
 ``layer_norm_quantize`` is ``exact`` against ``layer_norm`` followed by ``quantize_rows`` (one
-device function computes both, with the same launch shape).
+kernel computes both; its sums are pairwise trees, so its launch shape, one row a program when
+quantizing, moves no bit).
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_float, check_out, check_tensor
 from flashrt_kernels.quant import reference
 from flashrt_kernels.quant.device import quantize_tile
-from flashrt_kernels.quant.rows import _alloc_or_check, _check_rows, _codes_view, _row_config
-from flashrt_kernels.triton_helpers import cast_rne, pairwise_row_sum, to_f32
+from flashrt_kernels.quant.rows import (
+    _alloc_or_check,
+    _check_rows,
+    _codes_view,
+    _producer_config,
+    _row_config,
+)
+from flashrt_kernels.triton_helpers import cast_rne, pairwise_row_sum, rounded_f32, to_f32
 
 IMPLEMENTED = ("triton", "reference")
 
@@ -42,12 +49,13 @@ def _layer_norm_kernel(
     rstd = 1.0 / tl.sqrt(var + eps)
     w = to_f32(tl.load(W + cols, mask=col_ok, other=0.0))
     b = to_f32(tl.load(B + cols, mask=col_ok, other=0.0))
-    y = cast_rne((d * rstd[:, None]) * w[None, :] + b[None, :], X.dtype.element_ty)
+    y = (d * rstd[:, None]) * w[None, :] + b[None, :]
     if QUANTIZE:
-        q, scale = quantize_tile(to_f32(y), mask, FP8, NATIVE)
+        q, scale = quantize_tile(rounded_f32(y, X.dtype.element_ty, NATIVE), mask, FP8, NATIVE)
         tl.store(Q + rows[:, None] * stride_q + cols[None, :], q, mask=mask)
         tl.store(S + rows, scale, mask=rows < n_rows)
     else:
+        y = cast_rne(y, X.dtype.element_ty)
         tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
 
 
@@ -64,6 +72,8 @@ def _launch(x, weight, bias, eps, y, q, s, fmt, quantize):
     if n == 0:
         return
     block_n, rows, warps = _row_config(k)
+    if quantize:  # the sums are pairwise trees: the launch shape moves no bit
+        rows, warps = _producer_config(block_n)
     _layer_norm_kernel[(triton.cdiv(n, rows),)](
         x, weight, bias, y if y is not None else x, q if q is not None else x,
         s if s is not None else x, n, k, x.stride(0), y.stride(0) if y is not None else 0,
