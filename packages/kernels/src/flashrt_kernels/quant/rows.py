@@ -121,43 +121,23 @@ def _rms_norm_quantize_kernel(
 
 
 @triton.jit
-def _swiglu_segment(GU, rows, row_ok, cols, n_cols, stride_gu):
-    """(mask, SiLU(gate) * up in fp32) of one column segment of gate|up rows."""
-    mask = row_ok[:, None] & (cols < n_cols)[None, :]
-    base = GU + rows[:, None] * stride_gu + cols[None, :]
-    g = to_f32(tl.load(base, mask=mask, other=0.0))
-    u = to_f32(tl.load(base + n_cols, mask=mask, other=0.0))
-    return mask, swiglu(g, u)
-
-
-@triton.jit
 def _silu_mul_kernel(
     GU, Y, Q, S, n_rows, n_cols, stride_gu, stride_y, stride_q,
     QUANTIZE: tl.constexpr, FP8: tl.constexpr, NATIVE: tl.constexpr,
-    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    # Up to two column segments (a power of two, then the rest's block): a quantized row is held
-    # whole (its absmax comes first), and 11008 columns pad to 12288 this way, not 16384.
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    row_ok = rows < n_rows
-    cols_a = tl.arange(0, BLOCK_A)
-    mask_a, ha = _swiglu_segment(GU, rows, row_ok, cols_a, n_cols, stride_gu)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    base = GU + rows[:, None] * stride_gu + cols[None, :]
+    g = to_f32(tl.load(base, mask=mask, other=0.0))
+    u = to_f32(tl.load(base + n_cols, mask=mask, other=0.0))
     if QUANTIZE:
-        ha = rounded_f32(ha, GU.dtype.element_ty, NATIVE)
-        amax = tl.max(tl.where(mask_a, tl.abs(ha), 0.0), axis=1)
-        if BLOCK_B > 0:
-            cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
-            mask_b, hb = _swiglu_segment(GU, rows, row_ok, cols_b, n_cols, stride_gu)
-            hb = rounded_f32(hb, GU.dtype.element_ty, NATIVE)
-            amax = tl.maximum(amax, tl.max(tl.where(mask_b, tl.abs(hb), 0.0), axis=1))
-            qb, scale = quantize_tile_amax(hb, amax, FP8, NATIVE)
-            tl.store(Q + rows[:, None] * stride_q + cols_b[None, :], qb, mask=mask_b)
-        qa, scale = quantize_tile_amax(ha, amax, FP8, NATIVE)
-        tl.store(Q + rows[:, None] * stride_q + cols_a[None, :], qa, mask=mask_a)
-        tl.store(S + rows, scale, mask=row_ok)
+        h = rounded_f32(swiglu(g, u), GU.dtype.element_ty, NATIVE)
+        _store_codes(Q, S, rows, cols, mask, stride_q, h, FP8, NATIVE)
     else:
-        h = cast_rne(ha, GU.dtype.element_ty)
-        tl.store(Y + rows[:, None] * stride_y + cols_a[None, :], h, mask=mask_a)
+        h = cast_rne(swiglu(g, u), GU.dtype.element_ty)
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], h, mask=mask)
 
 
 def _producer_config(width: int) -> tuple[int, int]:
@@ -282,17 +262,15 @@ def _silu_launch(gu, y, q, s, fmt, quantize):
     n, i = gu.shape[0], gu.shape[1] // 2
     if n == 0:
         return
-    block_a, rows, warps = _row_config(i)
-    block_b = 0
+    block_n, rows, warps = _row_config(i)
     if quantize:
-        block_a, block_b = column_split(i)
-        rows, warps = _producer_config(block_a + block_b)
+        rows, warps = _producer_config(block_n)
     _silu_mul_kernel[(triton.cdiv(n, rows),)](
         gu, y if y is not None else gu, q if q is not None else gu, s if s is not None else gu,
         n, i, gu.stride(0), y.stride(0) if y is not None else 0,
         q.stride(0) if q is not None else 0,
         QUANTIZE=quantize, FP8=fmt == "fp8", NATIVE=_native_fp8(gu.device),
-        BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps, enable_fp_fusion=False,
+        BLOCK_N=block_n, ROWS=rows, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
 
 
