@@ -41,10 +41,11 @@ def fp32_to_e4m3_bits(v):
 
 @triton.jit
 def e2m1_code_of_quotient(a, s, shift):
-    """E2M1 magnitude code (0..7) of ``fl(a / s)``, shifted left by ``shift`` (uint32), the correctly rounded fp32 quotient, for fp32
-    ``a >= 0`` (NaN gives 0) and ``s > 0`` an e4m3 value or +inf (code 0): the code a division
-    followed by the RNE thresholds 0.25 0.75 1.25 1.75 2.5 3.5 5 (ties to even: ``>`` at
-    0.25 1.25 2.5 5, ``>=`` at the others) gives, without the division.
+    """E2M1 magnitude code (0..7) of ``fl(a / s)``, the correctly rounded fp32 quotient, shifted
+    left by ``shift`` (uint32, so that a caller can place it in a packed word), for fp32 ``a >= 0``
+    (NaN gives 0) and ``s > 0`` an e4m3 value or +inf (code 0): the code that a division followed
+    by the RNE thresholds 0.25 0.75 1.25 1.75 2.5 3.5 5 (ties to even: ``>`` at 0.25 1.25 2.5 5,
+    ``>=`` at the others) gives, without the division.
 
     Each threshold t times s is exact in fp32 (t has at most 3 significant bits, s 4), and for
     fp32 ``a``, ``fl(a / s) > t`` iff ``a > t * s`` and ``fl(a / s) >= t`` iff ``a >= t * s``: the

@@ -12,8 +12,9 @@ Ops:
   ``quantize_rows_nvfp4`` in one kernel, ``exact`` against the two kernels: the RMSNorm is
   ``quant.rows.rms_norm_quantize``'s (``norm.rms_norm``'s helpers and column segments, its sums
   pairwise trees, so the normalized rows are its bits whatever the launch shape) and the
-  quantizer is the device function ``_nvfp4_tile`` that ``quantize_rows_nvfp4`` runs too (max, products and correctly rounded
-  divisions and exact compares only: no reduction order or fused multiply-add can move a bit).
+  quantizer is the device function ``_nvfp4_tile`` that ``quantize_rows_nvfp4`` runs too (max,
+  products, correctly rounded divisions and exact compares only: no reduction order or fused
+  multiply-add can move a bit).
 """
 
 from __future__ import annotations
