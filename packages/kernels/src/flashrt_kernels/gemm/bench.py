@@ -327,7 +327,8 @@ def run_producers(quick: bool = False) -> list[dict]:
     """RMSNorm + residual -> rows (INT8, FP8, NVFP4), SiLU-mul -> rows and LayerNorm -> rows
     (INT8, FP8; there is no NVFP4 SiLU-mul or LayerNorm producer), each with its bandwidth floor:
     the bf16 inputs read (x and residual; gate|up; x), the new residual and the codes written,
-    plus scales. 11008 columns: a width that is not a power of two (two column segments)."""
+    plus scales. 11008 columns: a width that is not a power of two (the RMSNorm producers hold it
+    as two column segments, 8192 + 4096; SiLU-mul and LayerNorm pad it to 16384)."""
     out = []
     for cols in (2048, 4096, 11008):
         w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)

@@ -89,9 +89,8 @@ def _dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K: tl.cons
     holds two codes (low nibble first), 16 codes share an e4m3 scale. The tile's K order is a
     fixed permutation of memory's within the block (k-pairs by residue mod 4, below), the same for
     both operands of the dot and for the activation pre-pass, so the sum is over the same terms.
-    bf16 through
-    ``E2M1_BF16_ASM`` on the GPU; fp32 through ``_e2m1_scaled`` where PTX cannot run (the
-    interpreter); the same values."""
+    bf16 through ``E2M1_BF16_ASM`` on the GPU; fp32 through ``_e2m1_scaled`` where PTX cannot run
+    (the interpreter); the same values."""
     r: tl.constexpr = rows.shape[0]
     nb: tl.constexpr = BLOCK_K // 2  # bytes a row
     j: tl.constexpr = nb // 4
