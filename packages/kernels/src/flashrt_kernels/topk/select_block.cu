@@ -63,6 +63,8 @@
 #define TILE_ITEMS 8   // consecutive 32-element rows a warp covers per compaction tile
 #define LOAD_ITEMS 16
 #define HINT_ITEMS 8   // hinted positions per thread of a counting block (k <= 8 x 512)
+#define RECOMPACT_SLACK 2048  // the counting pass's compaction stands unless a counted threshold
+                              // admits under (its count - RECOMPACT_SLACK) / 2 keys
 #define SHORT_LOADS 6  // loads in flight per thread as the finishing block reads a 16-bit row
 #define REGION_SLOTS 128  // a warp's candidate slots when a short row is compacted
 #define STATE_VALID 0
@@ -150,6 +152,22 @@ __device__ __forceinline__ int row_length(const int* lengths, int b, int n) {
 
 // ---------------------------------------------------------------------------------------------
 // block-wide helpers (every thread of the block calls them)
+
+// A full warp's 32 values sorted, largest first: lane i returns the (i + 1)-th largest
+// (a bitonic network of 15 exchange steps).
+__device__ __forceinline__ u32 warp_sort_desc(u32 v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const u32 other = __shfl_xor_sync(0xffffffffu, v, stride);
+            const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);
+            v = keep_max ? (v > other ? v : other) : (v < other ? v : other);
+        }
+    }
+    return v;
+}
 
 __device__ __forceinline__ int warp_inclusive_scan(int x) {
     int lane = threadIdx.x & 31;
