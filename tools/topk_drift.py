@@ -7,11 +7,11 @@
 A decode step's hint is the previous step's selection; how far the scores moved since then sets
 how many keys the hinted guess admits (``testing.chains.ScoreChain``'s ``drift``: 0.02 is the
 ``topk`` benchmark's chain, 0.2-0.35 matches the DeepSeek indexer's decode chains). Per cell and
-drift this times, as CUDA graphs over rotated input sets, the hint-free call and the hinted call
-compiled from each source variant: ``base`` (the ``.cu`` files of another checkout's
+drift this times, as CUDA graphs over rotated input sets, the hint-free call (base and new
+source) and the hinted call compiled from each source variant: ``base`` (the ``.cu`` files of another checkout's
 ``packages/kernels/src/flashrt_kernels/topk``, ``--base``), ``ladder`` (this checkout's source with
-the recompaction switched off) and ``recompact=S`` (this checkout's source, ``RECOMPACT_SLACK`` =
-S). It also prints the keys the smallest hinted score admits (``admit_min`` / K) and checks every
+the recompaction switched off: ``RECOMPACT_BYTES`` 0) and ``new`` (this checkout's source). It
+also prints the keys the smallest hinted score admits (``admit_min`` / K) and checks every
 variant's result bit for bit against the reference. Run it through ``tools/gpu_run.py``'s
 environment (every ``packages/*/src`` on ``PYTHONPATH``).
 """
@@ -36,22 +36,21 @@ from flashrt_kernels.topk.api import topk  # noqa: E402
 CELLS = ["1,131072,1024", "4,131072,1024", "1,1048576,512", "16,131072,512", "8,262144,2048",
          "64,262144,2048"]  # fmt: skip
 DRIFTS = [0.02, 0.1, 0.2, 0.3]
-SLACK_LINE = "#define RECOMPACT_SLACK 2048"
+RECOMPACT_LINE = "#define RECOMPACT_BYTES 3000"
 _ORIGINAL_SOURCE = cuda_select.source
 
 
 def variants(base: str | None) -> dict[str, str]:
     """Name -> CUDA source."""
     src = _ORIGINAL_SOURCE()
-    if src.count(SLACK_LINE) != 1:
-        raise ValueError(f"topk_drift: expected one {SLACK_LINE!r} in the source")
+    if src.count(RECOMPACT_LINE) != 1:
+        raise ValueError(f"topk_drift: expected one {RECOMPACT_LINE!r} in the source")
     out = {}
     if base:
         topk_dir = Path(base) / "packages/kernels/src/flashrt_kernels/topk"
         out["base"] = "\n".join((topk_dir / name).read_text() for name in cuda_select.SOURCES)
-    out["ladder"] = src.replace(SLACK_LINE, "#define RECOMPACT_SLACK 0x3fffffff")
-    for slack in (512, 2048, 8192):
-        out[f"recompact={slack}"] = src.replace(SLACK_LINE, f"#define RECOMPACT_SLACK {slack}")
+    out["ladder"] = src.replace(RECOMPACT_LINE, "#define RECOMPACT_BYTES 0")  # never recompacts
+    out["new"] = src
     return out
 
 
@@ -120,6 +119,8 @@ def main() -> int:
             use(srcs.get("base", srcs["ladder"]))
             free = [lambda s=s, k=k: topk(s[0], k, out_values=s[2], out_indices=s[3]) for s in sets]
             row["hintfree_us"] = time_graph_us(free, rep_ms=args.rep_ms)
+            use(srcs["new"])
+            row["hintfree_new_us"] = time_graph_us(free, rep_ms=args.rep_ms)
             exact = True
             for name, src in srcs.items():
                 use(src)

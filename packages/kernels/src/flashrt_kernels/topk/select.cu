@@ -351,9 +351,8 @@ __global__ void __launch_bounds__(512) count_kernel(
         }
         m = __reduce_min_sync(0xffffffffu, m);
         if ((threadIdx.x & 31) == 0) atomicMin(&gmin, m);
-        if (threadIdx.x < 32) {  // warp 0 sorts the sample, largest first (key 0: not valid)
-            ladder[threadIdx.x] = warp_sort_desc(sp >= 0 && sp < len ? load_key<DT>(row, sp) : 0u);
-        }
+        if (threadIdx.x < 32)  // warp 0 ranks the sample, largest first (key 0: not valid)
+            warp_rank_desc(sp >= 0 && sp < len ? load_key<DT>(row, sp) : 0u, ladder);
         __syncthreads();
         if (threadIdx.x == 0) {
             u32 g = gmin, last = sat_add(g, -(1 << 17));
@@ -405,11 +404,15 @@ __global__ void __launch_bounds__(512) count_kernel(
                 best_count = tot;
             }
         }
-        // the keys >= th[0] are compacted already; a threshold admitting far fewer is worth
-        // one more compaction (the row is in L2, and the step launch runs anyway), which
-        // spares the finishing block's passes over the surplus
-        bool ready = tot0 >= kk && tot0 <= cap &&
-                     !(best > 0 && tot0 > 2 * best_count + RECOMPACT_SLACK);
+        // the keys >= th[0] are compacted already; a threshold admitting far fewer keys is
+        // worth one more compaction pass (its launch runs anyway) when the surplus costs the
+        // finishing block more than a re-read of the batch's rows costs (measured on drifting
+        // chains, docs/kernels/topk.md: small batches gain, B = 64 at 256k lost)
+        const long long batch_bytes = (long long)gridDim.y * len * (DT == 0 ? 4 : 2);
+        const int surplus = tot0 - best_count;
+        const bool recompact = best > 0 && surplus > RECOMPACT_MIN &&
+                               (long long)surplus * RECOMPACT_BYTES > batch_bytes;
+        bool ready = tot0 >= kk && tot0 <= cap && !recompact;
         if (ready) {
             best = 0;
             best_count = tot0;
