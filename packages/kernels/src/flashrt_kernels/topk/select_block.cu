@@ -65,7 +65,7 @@
 #define HINT_ITEMS 8   // hinted positions per thread of a counting block (k <= 8 x 512)
 #define RECOMPACT_BYTES 3000  // a candidate the finishing block need not rank saves about as much
                               // time as a re-read of this many bytes of the batch's rows costs
-#define RECOMPACT_MIN 1024    // and a surplus of fewer candidates is not worth a pass at all
+#define RECOMPACT_MIN 2048    // and a surplus of fewer candidates is not worth a pass at all
 #define SHORT_LOADS 6  // loads in flight per thread as the finishing block reads a 16-bit row
 #define REGION_SLOTS 128  // a warp's candidate slots when a short row is compacted
 #define STATE_VALID 0
