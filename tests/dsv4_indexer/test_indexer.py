@@ -157,6 +157,8 @@ def test_short_rows_in_a_long_engine_route_on_live_lengths():
     assert routing.plan_tier([300, 100_000], policy=with_list) == "list"
     assert routing.plan_tier([70_000] * 64) == "none"  # counts off; rungs measured slower here
     assert routing.plan_tier([70_000] * 7) == "rungs"  # batch * n <= rungs_max_work
+    assert routing.plan_tier([131_072] * 16) == "rungs"  # 2M: the hint still paid (run 6)
+    assert routing.plan_tier([262_144] * 16) == "none"  # 4M: it lost
     no_cap = routing.RoutingPolicy(rungs_max_work=None)
     assert routing.plan_tier([70_000] * 64, policy=no_cap) == "rungs"
     with_counts = routing.RoutingPolicy(counts_min_work=1 << 22)

@@ -300,6 +300,27 @@ def test_cuda_bound_on_rows_with_structure(k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("drift", [0.02, 0.2, 0.3, 0.45])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_hint_from_a_drifted_step(drift, dtype):
+    """The previous step's selection as the hint on rows that moved since (the smallest hinted
+    score then admits up to ~40 k keys, past the candidate capacity): every path the counting
+    pass can take -- ready at the guess, a recompaction at a sampled threshold, the digit passes
+    -- gives the reference's bits, and the published thresholds' counts are exact."""
+    _cuda_or_skip()
+    from flashrt_kernels.topk.properties import check_state
+
+    for b, n, k in ((1, 1 << 17, 1024), (4, 1 << 18, 512), (2, 1 << 20, 2048)):
+        chain = ScoreChain(b, n, drift=drift, seed=n + k, dtype=dtype)
+        prev, x = chain.step()[0], chain.step()[0]
+        hint = reference.topk(prev, k)[1]
+        want = reference.topk(x, k)
+        state = st.new_state(b, "cuda")
+        _assert_bits_equal(topk(x.cuda(), k, hint=hint.cuda(), state=state, backend="cuda"), want)
+        check_state(state, x, k, None, want[0])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     ("n", "ks", "split", "lengths"),
     [

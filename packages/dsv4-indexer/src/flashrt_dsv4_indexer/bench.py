@@ -11,7 +11,9 @@ distinct pages so the largest cells fit the benchmark's time; every row has its 
 lengths. Each timed callable is replayed from a CUDA graph (``benchmarking.time_graph_us``). Where
 the routed tier is ``none``, the routed top-K is the hint-free call itself (one timing for both).
 
-Extra columns: the ``counts`` tier (its emission and its Triton consumer) where ``B * N >= 4M`` (it
+Extra columns: the ``rungs`` tier (the previous step's indices as the hint) on every cell with
+rows longer than 32768, whatever the routing picked there (``topk_rungs_us``, ``x_topk_rungs`` =
+hint-free / rungs); the ``counts`` tier (its emission and its Triton consumer) where ``B * N >= 4M`` (it
 is off by default: measured, not routed); the MXFP4 logits kernel (v4-flash cells: the kernel does
 not depend on the preset's K); and at B = 1 (v4-flash), flashrt-kernels' Triton hint-free select on
 our logits, on ``randn`` rows of the same shape with our lengths, and without lengths (its own
@@ -72,6 +74,7 @@ def _torch_step(cache, bt, q, w, lengths, k, n):
 
 
 COUNTS_MIN_WORK = 1 << 22  # cells where the counts tier is timed (B * N)
+RUNGS_MIN_N = 32768  # longer rows: the rungs tier timed whatever the routing picks
 
 
 def _time_cell(cfg, pool, batch, n, gen, row, pool_fp4=None):
@@ -113,6 +116,9 @@ def _time_cell(cfg, pool, batch, n, gen, row, pool_fp4=None):
     t_lp = time_graph_us([lambda: logits_emit(None)]) if em is not None else t_le
     t_tn = time_graph_us([topk_call("none")])
     t_tr = time_graph_us([topk_call(tier, em)]) if tier != "none" else t_tn
+    if n > RUNGS_MIN_N:  # the hinted select on every cell where a hint can be taken
+        t_rg = t_tr if tier == "rungs" else time_graph_us([topk_call("rungs")])
+        row.update(topk_rungs_us=t_rg, x_topk_rungs=t_tn / t_rg)
     keys_read = sum(lens_n)
     fl = floor_us(keys_read * cfg.key_bytes() + batch * n * 4)
     row.update(tier=tier, logits_us=t_le, logits_plain_us=t_lp, topk_routed_us=t_tr,
@@ -210,6 +216,7 @@ def summary(rows: list[dict]) -> list[dict]:
         "fp4_floor_frac_geomean_where_floor_ge_10us": geomean(
             r["fp4_floor_frac"] for r in done if r.get("fp4_floor_us", 0) >= 10),
         "topk_counts_vs_b_geomean": geomean(r.get("x_topk_counts") for r in done),
+        "topk_rungs_vs_b_geomean": geomean(r.get("x_topk_rungs") for r in done),
     }]  # fmt: skip
 
 

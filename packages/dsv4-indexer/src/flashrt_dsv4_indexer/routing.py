@@ -11,11 +11,12 @@ and at the batch size:
   ``batch <= list_max_batch``): the list lets the top-K rank a small set;
 - ``counts`` (seed-count emission) where ``batch * n >= counts_min_work`` (None: never);
 - ``rungs`` (previous-step indices only, no emission) where ``batch * n <= rungs_max_work``;
-- ``none`` otherwise: measured on the H200 (docs/dsv4-indexer.md, run 4) on decode chains whose
-  queries drift between steps, the hinted CUDA select beat the hint-free one only on small steps
-  (B = 1 at N = 128k-256k: 0.84-1.26x, B = 4 at 128k: 1.05x) and lost everywhere larger
-  (0.67-0.81x at B = 4, 256k and B >= 16: a drifted hint's guess misses and the digit passes cost
-  more than the hint-free bound).
+- ``none`` otherwise: on decode chains whose queries drift between steps, the hinted CUDA select
+  (with the sampled thresholds of its counting pass, 2026-12-06, docs/dsv4-indexer.md run 6)
+  beat the hint-free one by 1.02-1.33x up to ``batch * n`` = 2M (B = 1-4 at 128k-256k, B = 16 at
+  128k) and lost 0.90-0.96x from B = 16 at 256k and at B >= 64 (the guess's surplus candidates
+  cost the finishing blocks more than the hint-free bound pass costs). Before those thresholds
+  (run 4) it lost from B = 4 at 256k, hence the earlier 2^19.
 The ``list`` and ``counts`` tiers are off by default: measured on the H200 (docs/dsv4-indexer.md),
 their consumers (flashrt-kernels' Triton select) were no faster than the hint-free top-K while
 their emissions cost logits time (counts: +32-42%).
@@ -38,7 +39,7 @@ class RoutingPolicy:
     # too, so it lost (0.58x) on every cell it was picked; pass a policy to turn it on.
     list_max_batch: int = 0
     counts_min_work: int | None = None  # batch * n; None: the counts tier is off
-    rungs_max_work: int | None = 1 << 19  # batch * n; None: rungs wherever assisted
+    rungs_max_work: int | None = 1 << 21  # batch * n; None: rungs wherever assisted
 
 
 DEFAULT_POLICY = RoutingPolicy()

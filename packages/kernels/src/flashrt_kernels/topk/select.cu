@@ -296,9 +296,13 @@ __device__ __forceinline__ u32 sat_add(u32 a, int d) {
 }
 
 // The counting pass: eight thresholds counted exactly, the keys >= the first compacted.
-// Hint-free, the thresholds run from the bound L to the row's largest key; with a hint, the
-// first is the smallest current score at the hinted positions, then the previous step's K-th
-// and accepted keys (when `state` holds a valid row of the same k) and steps below the guess.
+// Hint-free, the thresholds run from the bound L to the row's largest key. With a hint, the
+// first is the smallest current score at the hinted positions (at least k keys reach it when
+// the hint names k valid positions); then six of a sample of 32 hinted positions spread over the
+// hint, at sample ranks 31, 29, 27, 25, 23 and 20 (about 0.97 ... 0.66 of the hint's keys reach
+// each): on rows that drifted since the hint, the smallest hinted score falls far and admits many
+// times k keys, while one of these stays near k; last, the previous step's K-th key when `state`
+// holds a valid row of the same k, else a step below the guess.
 template <int DT>
 __global__ void __launch_bounds__(512) count_kernel(
     const void* scores, long long stride, const int* lengths, int n, int k, int chunk, int S,
@@ -308,6 +312,7 @@ __global__ void __launch_bounds__(512) count_kernel(
     __shared__ u32 th[9];
     __shared__ int cnt8[8];
     __shared__ u32 gmin;
+    __shared__ u32 ladder[32];
     grid_dependency_wait();
     int b = blockIdx.y, c = blockIdx.x;
     int len = row_length(lengths, b, n);
@@ -332,6 +337,10 @@ __global__ void __launch_bounds__(512) count_kernel(
             const int j = threadIdx.x + q * blockDim.x;
             hs[q] = j < k ? __ldg(&hint[(long long)b * k + j]) : -1;
         }
+        // the sample: 32 positions evenly spaced over the hint (whatever order it lists them in)
+        const int sp = threadIdx.x < 32
+                           ? __ldg(&hint[(long long)b * k + (long long)threadIdx.x * k / 32])
+                           : -1;
         u32 m = 0xffffffffu;
 #pragma unroll
         for (int q = 0; q < HINT_ITEMS; ++q) {
@@ -342,24 +351,23 @@ __global__ void __launch_bounds__(512) count_kernel(
         }
         m = __reduce_min_sync(0xffffffffu, m);
         if ((threadIdx.x & 31) == 0) atomicMin(&gmin, m);
+        if (threadIdx.x < 32)  // warp 0 ranks the sample, largest first (key 0: not valid)
+            warp_rank_desc(sp >= 0 && sp < len ? load_key<DT>(row, sp) : 0u, ladder);
         __syncthreads();
         if (threadIdx.x == 0) {
-            u32 g = gmin, kth = g, acc = g;
+            u32 g = gmin, last = sat_add(g, -(1 << 17));
             if (state != nullptr) {
                 const int* s = state + (long long)b * state_words;
-                if (s[STATE_VALID] == 1 && s[STATE_K] == k) {
-                    kth = (u32)s[STATE_KTH] ^ 0x80000000u;
-                    acc = (u32)s[STATE_ACC_KEY] ^ 0x80000000u;
-                }
+                if (s[STATE_VALID] == 1 && s[STATE_K] == k) last = (u32)s[STATE_KTH] ^ 0x80000000u;
             }
             th[0] = g;
-            th[1] = sat_add(g, 1);
-            th[2] = kth;
-            th[3] = sat_add(kth, 1);
-            th[4] = acc;
-            th[5] = sat_add(g, -(1 << 14));
-            th[6] = sat_add(g, -(1 << 17));
-            th[7] = sat_add(g, -(1 << 20));
+            th[1] = ladder[31];
+            th[2] = ladder[29];
+            th[3] = ladder[27];
+            th[4] = ladder[25];
+            th[5] = ladder[23];
+            th[6] = ladder[20];
+            th[7] = last;
         }
     } else if (threadIdx.x == 0) {
         u32 lb = (u32)__ldcg(&cr[C_LO]), mx = (u32)__ldcg(&cr[C_MAX]);
@@ -396,7 +404,15 @@ __global__ void __launch_bounds__(512) count_kernel(
                 best_count = tot;
             }
         }
-        bool ready = tot0 >= kk && tot0 <= cap;
+        // the keys >= th[0] are compacted already; a threshold admitting far fewer keys is
+        // worth one more compaction pass (its launch runs anyway) when the surplus costs the
+        // finishing block more than a re-read of the batch's rows costs (measured on drifting
+        // chains, docs/kernels/topk.md: small batches gain, B = 64 at 256k lost)
+        const long long batch_bytes = (long long)gridDim.y * len * (DT == 0 ? 4 : 2);
+        const int surplus = tot0 - best_count;
+        const bool recompact = best > 0 && surplus > RECOMPACT_MIN &&
+                               (long long)surplus * RECOMPACT_BYTES > batch_bytes;
+        bool ready = tot0 >= kk && tot0 <= cap && !recompact;
         if (ready) {
             best = 0;
             best_count = tot0;

@@ -63,6 +63,9 @@
 #define TILE_ITEMS 8   // consecutive 32-element rows a warp covers per compaction tile
 #define LOAD_ITEMS 16
 #define HINT_ITEMS 8   // hinted positions per thread of a counting block (k <= 8 x 512)
+#define RECOMPACT_BYTES 3000  // a candidate the finishing block need not rank saves about as much
+                              // time as a re-read of this many bytes of the batch's rows costs
+#define RECOMPACT_MIN 2048    // and a surplus of fewer candidates is not worth a pass at all
 #define SHORT_LOADS 6  // loads in flight per thread as the finishing block reads a 16-bit row
 #define REGION_SLOTS 128  // a warp's candidate slots when a short row is compacted
 #define STATE_VALID 0
@@ -150,6 +153,19 @@ __device__ __forceinline__ int row_length(const int* lengths, int b, int n) {
 
 // ---------------------------------------------------------------------------------------------
 // block-wide helpers (every thread of the block calls them)
+
+// A full warp's 32 values ranked, largest first: `out[r]` = the value of rank r (ties by lane);
+// 32 independent shuffles, no dependent exchange steps.
+__device__ __forceinline__ void warp_rank_desc(u32 v, u32* out) {
+    const int lane = threadIdx.x & 31;
+    int rank = 0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const u32 o = __shfl_sync(0xffffffffu, v, j);
+        rank += o > v || (o == v && j < lane);
+    }
+    out[rank] = v;
+}
 
 __device__ __forceinline__ int warp_inclusive_scan(int x) {
     int lane = threadIdx.x & 31;
