@@ -59,6 +59,12 @@ def register(subparsers) -> None:
     b = sub.add_parser("bench", help="per-step logits + top-K benchmark (needs a GPU)")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--out", default=None)
+    b.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop starting new cells after this many seconds (default: the bench's)",
+    )
     b.set_defaults(func=_bench)
 
 
@@ -66,6 +72,8 @@ def _bench(args) -> int:
     from flashrt_dsv4_indexer import bench
 
     argv = (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
+    if args.budget_s is not None:
+        argv += ["--budget-s", str(args.budget_s)]
     return bench.main(argv)
 
 
