@@ -73,12 +73,6 @@ def use(src: str) -> None:
     cuda_select._kernel.cache_clear()
 
 
-def key_of(x: torch.Tensor) -> torch.Tensor:
-    """The contract's order keys of fp32 scores as int64 (NaN-free rows)."""
-    b = x.view(torch.int32).long() & 0xFFFFFFFF
-    return torch.where(b >= 0x80000000, 0xFFFFFFFF - b, b | 0x80000000)
-
-
 def sets_for(b: int, n: int, k: int, drift: float, count: int):
     chain = ScoreChain(b, n, drift=drift, seed=b * 7 + n + k, device="cuda")
     prev = chain.step()[0]
@@ -94,7 +88,7 @@ def sets_for(b: int, n: int, k: int, drift: float, count: int):
 
 def admit_min(x: torch.Tensor, hint: torch.Tensor) -> float:
     """Mean over rows of (keys >= the smallest hinted key) / K."""
-    keys = key_of(x)
+    keys = reference.order_key(x)
     g = keys.gather(1, hint.long()).min(1, keepdim=True).values
     return float((keys >= g).sum(1).float().mean() / hint.shape[1])
 
