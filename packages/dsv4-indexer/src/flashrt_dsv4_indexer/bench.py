@@ -11,10 +11,10 @@ distinct pages so the largest cells fit the benchmark's time; every row has its 
 lengths. Each timed callable is replayed from a CUDA graph (``benchmarking.time_graph_us``). Where
 the routed tier is ``none``, the routed top-K is the hint-free call itself (one timing for both).
 
-Extra columns: the ``rungs`` tier (the previous step's indices as the hint) on every cell with
-rows longer than 32768, whatever the routing picked there (``topk_rungs_us``, ``x_topk_rungs`` =
-hint-free / rungs); the ``counts`` tier (its emission and its Triton consumer) where ``B * N >= 4M`` (it
-is off by default: measured, not routed); the MXFP4 logits kernel (v4-flash cells: the kernel does
+Extra columns: the ``rungs`` tier (the previous step's indices as the hint) on every cell whose
+rows are long enough for a hint (routing's ``min_assist_n``), whatever the routing picked there
+(``topk_rungs_us``, ``x_topk_rungs`` = hint-free / rungs); the ``counts`` tier (its emission and
+its Triton consumer) where ``B * N >= 4M`` (it is off by default: measured, not routed); the MXFP4 logits kernel (v4-flash cells: the kernel does
 not depend on the preset's K); and at B = 1 (v4-flash), flashrt-kernels' Triton hint-free select on
 our logits, on ``randn`` rows of the same shape with our lengths, and without lengths (its own
 benchmark's input), which tells the backend, the lengths and the score distribution apart.
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from flashrt_dsv4_indexer import config, topk_stage
+from flashrt_dsv4_indexer import config, routing, topk_stage
 from flashrt_dsv4_indexer.indexer import Indexer
 from flashrt_dsv4_indexer.key_cache import PagedKeyCache
 from flashrt_dsv4_indexer.logits import paged_indexer_logits
@@ -74,7 +74,6 @@ def _torch_step(cache, bt, q, w, lengths, k, n):
 
 
 COUNTS_MIN_WORK = 1 << 22  # cells where the counts tier is timed (B * N)
-RUNGS_MIN_N = 32768  # longer rows: the rungs tier timed whatever the routing picks
 
 
 def _time_cell(cfg, pool, batch, n, gen, row, pool_fp4=None):
@@ -116,7 +115,7 @@ def _time_cell(cfg, pool, batch, n, gen, row, pool_fp4=None):
     t_lp = time_graph_us([lambda: logits_emit(None)]) if em is not None else t_le
     t_tn = time_graph_us([topk_call("none")])
     t_tr = time_graph_us([topk_call(tier, em)]) if tier != "none" else t_tn
-    if n > RUNGS_MIN_N:  # the hinted select on every cell where a hint can be taken
+    if n >= routing.DEFAULT_POLICY.min_assist_n:  # rungs wherever a hint can be taken
         t_rg = t_tr if tier == "rungs" else time_graph_us([topk_call("rungs")])
         row.update(topk_rungs_us=t_rg, x_topk_rungs=t_tn / t_rg)
     keys_read = sum(lens_n)
