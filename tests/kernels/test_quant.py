@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 import triton
@@ -358,3 +360,54 @@ def test_rms_norm_quantize_nvfp4_in_a_cuda_graph_is_exact():
     torch.cuda.synchronize()
     for t, e in zip((*out, res), eager, strict=True):
         assert torch.equal(t.view(torch.uint8) if t.dtype == _E4M3 else t, e)
+
+
+def _layer_norm_by(config, x, w, b, fmt):
+    """layer_norm and layer_norm_quantize outputs of ``quant.layer_norm._launch`` with the given
+    launch (BLOCK_A, BLOCK_B, ROWS, num_warps)."""
+    ln = importlib.import_module("flashrt_kernels.quant.layer_norm")
+    n, k = x.shape
+    y = torch.full_like(x, float("nan"))
+    q = torch.full((n, k), 0x55, dtype=torch.uint8, device=x.device)
+    s = torch.full((n,), float("nan"), device=x.device)
+    ln._launch(x, w, b, 1e-5, y, None, None, fmt, False, config)
+    ln._launch(x, w, b, 1e-5, None, q if fmt == "fp8" else q.view(torch.int8), s, fmt, True,
+               config)  # fmt: skip
+    return y.view(torch.int16), q, s
+
+
+def _assert_layer_norm_segments_match(widths, launches, rows, device):
+    """Two column segments (A full, B masked: ``column_split``) give the bits of the row padded
+    to one power of two (B as wide as A): each sum is the padded tree, whose padding adds +0 (a
+    -0.0 segment sum, all of its values -0.0, is the one corner where they would differ; no case
+    here has one). The launch shape (rows a program, warps) moves no bit."""
+    from flashrt_kernels.norm.rms_norm import column_split
+    from flashrt_kernels.testing import make_values
+
+    for i, k in enumerate(widths):
+        for dt in (torch.bfloat16, torch.float16)[i % 2 :]:
+            kind = ("normal", "outlier", "relu_plateau")[i % 3]
+            x = make_values(kind, (rows, k), dt, 11 + i, device)
+            w = make_values("normal", (k,), dt, 12 + i, device)
+            b = make_values("normal", (k,), dt, 13 + i, device)
+            block_a, block_b = column_split(k)
+            for fmt in ("int8", "fp8"):
+                padded = _layer_norm_by(
+                    (block_a, triton.next_power_of_2(k) - block_a, 1, 4), x, w, b, fmt
+                )
+                for r, nw in launches:
+                    got = _layer_norm_by((block_a, block_b, r, nw), x, w, b, fmt)
+                    for name, a, e in zip(("y", "codes", "scales"), got, padded, strict=True):
+                        assert torch.equal(a, e), f"k={k} {dt} {fmt} {r}x{nw}: {name} differ"
+
+
+def test_layer_norm_segments_are_the_padded_row_bits():
+    from flashrt_kernels.testing import test_device
+
+    _assert_layer_norm_segments_match((5, 33, 300), ((1, 1), (2, 4)), 3, test_device())
+
+
+@pytest.mark.gpu
+def test_layer_norm_segments_are_the_padded_row_bits_gpu():
+    _assert_layer_norm_segments_match((1152, 1280, 11008, 12288), ((1, 8), (1, 16), (2, 16)),
+                                      65, "cuda")  # fmt: skip
