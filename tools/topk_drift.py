@@ -14,11 +14,16 @@ the recompaction switched off: ``RECOMPACT_BYTES`` 0) and ``new`` (this checkout
 also prints the keys the smallest hinted score admits (``admit_min`` / K) and checks every
 variant's result bit for bit against the reference. Run it through ``tools/gpu_run.py``'s
 environment (every ``packages/*/src`` on ``PYTHONPATH``).
+
+``--triton`` times the Triton backend instead: its hint-free call, and its hinted call with the
+Triton kernels of ``--base`` (``base``; that checkout's ``topk/kernels.py`` loaded beside this
+one's) and of this checkout (``new``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -31,6 +36,7 @@ import torch  # noqa: E402
 from flashrt_kernels.benchmarking import markdown_table, rotation, time_graph_us  # noqa: E402
 from flashrt_kernels.testing.chains import ScoreChain  # noqa: E402
 from flashrt_kernels.topk import cuda_select, reference  # noqa: E402
+from flashrt_kernels.topk import select as triton_select  # noqa: E402
 from flashrt_kernels.topk.api import topk  # noqa: E402
 
 CELLS = ["1,131072,1024", "4,131072,1024", "1,1048576,512", "16,131072,512", "8,262144,2048",
@@ -93,6 +99,55 @@ def admit_min(x: torch.Tensor, hint: torch.Tensor) -> float:
     return float((keys >= g).sum(1).float().mean() / hint.shape[1])
 
 
+def triton_variants(base: str | None) -> dict[str, object]:
+    """Name -> Triton kernels module for ``select.kn`` (``base`` loaded from its file)."""
+    out = {}
+    if base:
+        path = Path(base) / "packages/kernels/src/flashrt_kernels/topk/kernels.py"
+        spec = importlib.util.spec_from_file_location("base_topk_kernels", path)
+        out["base"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(out["base"])
+    out["new"] = triton_select.kn
+    return out
+
+
+def _exact(got, want) -> bool:
+    return torch.equal(got[1], want[1]) and torch.equal(
+        got[0].view(torch.int32), want[0].view(torch.int32)
+    )
+
+
+def run_triton(args) -> list[dict]:
+    mods, rows = triton_variants(args.base), []
+    for cell in args.cells:
+        b, n, k = (int(v) for v in cell.split(","))
+        for drift in args.drifts:
+            sets = sets_for(b, n, k, drift, rotation(b * n * 4, limit=8))
+            x, hint, ov, oi = sets[-1]
+            want = reference.topk(x, k)
+            row = {"B": b, "N": n, "K": k, "drift": drift, "admit_min": admit_min(x, hint)}
+            free = [lambda s=s, k=k: topk(s[0], k, out_values=s[2], out_indices=s[3],
+                                          backend="triton") for s in sets]  # fmt: skip
+            row["triton_hintfree_us"] = time_graph_us(free, rep_ms=args.rep_ms)
+            exact = True
+            for name, mod in mods.items():
+                triton_select.kn = mod
+                ov.fill_(float("nan"))
+                topk(x, k, hint=hint, out_values=ov, out_indices=oi, backend="triton")
+                exact &= _exact((ov, oi), want)
+                hinted = [lambda s=s, k=k: topk(s[0], k, hint=s[1], out_values=s[2],
+                                                out_indices=s[3], backend="triton")
+                          for s in sets]  # fmt: skip
+                row[f"triton_{name}_us"] = time_graph_us(hinted, rep_ms=args.rep_ms)
+            triton_select.kn = mods["new"]
+            row["exact"] = exact
+            rows.append(row)
+            print({c: round(v, 2) if isinstance(v, float) else v for c, v in row.items()},
+                  flush=True)  # fmt: skip
+            del sets
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default=None, help="another checkout's root (its topk .cu files)")
@@ -100,7 +155,14 @@ def main() -> int:
     ap.add_argument("--drifts", nargs="*", type=float, default=DRIFTS)
     ap.add_argument("--rep-ms", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--triton", action="store_true", help="time the Triton backend instead")
     args = ap.parse_args()
+    if args.triton:
+        rows = run_triton(args)
+        print(markdown_table(rows))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     srcs = variants(args.base)
     rows = []
     for cell in args.cells:

@@ -320,6 +320,45 @@ def test_cuda_hint_from_a_drifted_step(drift, dtype):
         check_state(state, x, k, None, want[0])
 
 
+@pytest.mark.parametrize("drift", [0.02, 0.2, 0.3])
+def test_triton_hint_from_a_drifted_step_needs_one_round(drift):
+    """The Triton select's first round counts the hint's sampled ranks beside the smallest
+    hinted score: on steps that drifted (ScoreChain 0.2-0.3, where that score alone admitted
+    many times k keys and rows took 2-9 counting rounds) every row is resolved by the first
+    round, with the reference's bits."""
+    from flashrt_kernels.topk.properties import check_state
+
+    for b, n, k in ((4, 4096, 64), (2, 8192, 128)):
+        chain = ScoreChain(b, n, drift=drift, seed=n + k)
+        prev, x = chain.step()[0], chain.step()[0]
+        hint = reference.topk(prev, k)[1]
+        want = reference.topk(x, k)
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        state = st.new_state(b, dev)
+        got = topk(x.to(dev), k, hint=hint.to(dev), state=state, backend="triton")
+        _assert_bits_equal(got, want)
+        check_state(state, x, k, None, want[0])
+        rounds = state[:, st.ROUNDS].cpu()
+        assert bool((rounds == 1).all()), f"drift {drift}, n {n}: rounds {rounds.tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drift", [0.02, 0.3])
+def test_triton_hint_from_a_drifted_step(drift):
+    """The same at real sizes on the GPU: the reference's bits and an exact state."""
+    from flashrt_kernels.topk.properties import check_state
+
+    for b, n, k in ((1, 1 << 17, 1024), (4, 1 << 18, 512), (2, 1 << 20, 2048)):
+        chain = ScoreChain(b, n, drift=drift, seed=n + k)
+        prev, x = chain.step()[0], chain.step()[0]
+        hint = reference.topk(prev, k)[1]
+        want = reference.topk(x, k)
+        state = st.new_state(b, "cuda")
+        got = topk(x.cuda(), k, hint=hint.cuda(), state=state, backend="triton")
+        _assert_bits_equal(got, want)
+        check_state(state, x, k, None, want[0])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("n", "ks", "split", "lengths"),

@@ -176,28 +176,33 @@ def _sample_thresholds(row_ptr, length, kk, NS: tl.constexpr, STEPS: tl.constexp
 def _first_thresholds(row_ptr, HINT, STATE, b, length, kk, k, HINTED: tl.constexpr,
                       HAS_STATE: tl.constexpr, KP: tl.constexpr, STATE_WORDS: tl.constexpr,
                       NS: tl.constexpr):  # fmt: skip
-    """Round 0. Without a hint: the sample's thresholds. With one (no sample: the hint is the
-    guess): the smallest current key at the hinted positions (entries outside ``[0, length)``
-    ignored) and that key + 1, the published K-th key and K-th key + 1 and the published
-    accepted key (when the state is valid; else the hinted key again), and the hinted key less
-    2^14, 2^17 and 2^20 (about 0.2%, 1.6% and 12% lower in value: room for a hint that
-    drifted)."""
+    """Round 0. Without a hint: the sample's thresholds. With one: the smallest current key at
+    the hinted positions (entries outside ``[0, length)`` ignored), which admits at least k keys
+    when the hint holds k distinct live positions; the published K-th key when the state is
+    valid (else that guess less 2^17, about 1.6% lower in value); and six ranks (31, 29, 27,
+    25, 23, 20 from the top) of the current keys at 32 positions spread evenly over the hint.
+    A hint from a drifted step admits several times k keys at the guess; the sample's ranks
+    bracket the K-th key closer (the CUDA select counts the same ladder)."""
     if HINTED:
         slots = tl.arange(0, KP)
         h = tl.load(HINT + b * k + slots, mask=slots < k, other=-1)
         ok = (h >= 0) & (h < length)
         keys = _load_keys(row_ptr, tl.where(ok, h, 0), ok)
         gmin = tl.min(tl.where(ok, keys, 2**31 - 1), axis=0).to(tl.int64)
-        kth = gmin
-        acc = gmin
+        kth = gmin - (1 << 17)
         if HAS_STATE:
             valid = tl.load(STATE + b * STATE_WORDS + 0) == 1
-            kth = tl.where(valid, tl.load(STATE + b * STATE_WORDS + 1).to(tl.int64), gmin)
-            acc = tl.where(valid, tl.load(STATE + b * STATE_WORDS + 2).to(tl.int64), gmin)
+            kth = tl.where(valid, tl.load(STATE + b * STATE_WORDS + 1).to(tl.int64), kth)
+        j = tl.arange(0, 32)
+        hs = tl.load(HINT + b * k + (j * k) // 32)
+        oks = (hs >= 0) & (hs < length)
+        sample = tl.where(oks, _load_keys(row_ptr, tl.where(oks, hs, 0), oks), KEY_MIN + 1)
+        ranked = tl.sort(sample, descending=True)
         g = tl.arange(0, G)
-        below = gmin - (1 << (14 + 3 * tl.maximum(g - 5, 0))).to(tl.int64)
-        th = tl.where(g == 0, gmin, tl.where(g == 1, gmin + 1, tl.where(
-            g == 2, kth, tl.where(g == 3, kth + 1, tl.where(g == 4, acc, below)))))  # fmt: skip
+        rank = tl.where(g == 2, 31, tl.where(g == 3, 29, tl.where(g == 4, 27, tl.where(
+            g == 5, 25, tl.where(g == 6, 23, 20)))))  # fmt: skip
+        at = tl.max(tl.where(j[None, :] == rank[:, None], ranked[None, :], KEY_MIN), axis=1)
+        th = tl.where(g == 0, gmin, tl.where(g == 1, kth, at.to(tl.int64)))
         th = tl.minimum(tl.maximum(th, KEY_MIN + 1), 2**31 - 1).to(tl.int32)
     else:
         th = _sample_thresholds(row_ptr, length, kk, NS, 5)
