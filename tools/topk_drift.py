@@ -117,8 +117,11 @@ def _exact(got, want) -> bool:
     )
 
 
-def run_triton(args) -> list[dict]:
-    mods, rows = triton_variants(args.base), []
+def measure(args, backend: str, hintfree: dict, hinted: dict) -> list[dict]:
+    """Per cell and drift: the hint-free call timed after each ``hintfree`` setup and the hinted
+    call after each ``hinted`` setup (column name -> a function routing the launches), every
+    hinted result checked bit for bit against the reference."""
+    rows = []
     for cell in args.cells:
         b, n, k = (int(v) for v in cell.split(","))
         for drift in args.drifts:
@@ -127,25 +130,30 @@ def run_triton(args) -> list[dict]:
             want = reference.topk(x, k)
             row = {"B": b, "N": n, "K": k, "drift": drift, "admit_min": admit_min(x, hint)}
             free = [lambda s=s, k=k: topk(s[0], k, out_values=s[2], out_indices=s[3],
-                                          backend="triton") for s in sets]  # fmt: skip
-            row["triton_hintfree_us"] = time_graph_us(free, rep_ms=args.rep_ms)
+                                          backend=backend) for s in sets]  # fmt: skip
+            for col, setup in hintfree.items():
+                setup()
+                row[col] = time_graph_us(free, rep_ms=args.rep_ms)
             exact = True
-            for name, mod in mods.items():
-                triton_select.kn = mod
+            for col, setup in hinted.items():
+                setup()
                 ov.fill_(float("nan"))
-                topk(x, k, hint=hint, out_values=ov, out_indices=oi, backend="triton")
+                topk(x, k, hint=hint, out_values=ov, out_indices=oi, backend=backend)
                 exact &= _exact((ov, oi), want)
-                hinted = [lambda s=s, k=k: topk(s[0], k, hint=s[1], out_values=s[2],
-                                                out_indices=s[3], backend="triton")
-                          for s in sets]  # fmt: skip
-                row[f"triton_{name}_us"] = time_graph_us(hinted, rep_ms=args.rep_ms)
-            triton_select.kn = mods["new"]
+                calls = [lambda s=s, k=k: topk(s[0], k, hint=s[1], out_values=s[2],
+                                               out_indices=s[3], backend=backend)
+                         for s in sets]  # fmt: skip
+                row[col] = time_graph_us(calls, rep_ms=args.rep_ms)
             row["exact"] = exact
             rows.append(row)
             print({c: round(v, 2) if isinstance(v, float) else v for c, v in row.items()},
                   flush=True)  # fmt: skip
             del sets
     return rows
+
+
+def _route_triton(module):
+    return lambda: setattr(triton_select, "kn", module)
 
 
 def main() -> int:
@@ -158,44 +166,26 @@ def main() -> int:
     ap.add_argument("--triton", action="store_true", help="time the Triton backend instead")
     args = ap.parse_args()
     if args.triton:
-        rows = run_triton(args)
-        print(markdown_table(rows))
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
-        return 0
-    srcs = variants(args.base)
-    rows = []
-    for cell in args.cells:
-        b, n, k = (int(v) for v in cell.split(","))
-        for drift in args.drifts:
-            sets = sets_for(b, n, k, drift, rotation(b * n * 4, limit=8))
-            x, hint, ov, oi = sets[-1]
-            want = reference.topk(x, k)
-            row = {"B": b, "N": n, "K": k, "drift": drift, "admit_min": admit_min(x, hint)}
-            use(srcs.get("base", srcs["ladder"]))
-            free = [lambda s=s, k=k: topk(s[0], k, out_values=s[2], out_indices=s[3]) for s in sets]
-            row["hintfree_us"] = time_graph_us(free, rep_ms=args.rep_ms)
-            use(srcs["new"])
-            row["hintfree_new_us"] = time_graph_us(free, rep_ms=args.rep_ms)
-            exact = True
-            for name, src in srcs.items():
-                use(src)
-                ov.fill_(float("nan"))
-                topk(x, k, hint=hint, out_values=ov, out_indices=oi)
-                exact &= torch.equal(oi, want[1]) and torch.equal(
-                    ov.view(torch.int32), want[0].view(torch.int32)
-                )
-                hinted = [lambda s=s, k=k: topk(s[0], k, hint=s[1], out_values=s[2], out_indices=s[3])
-                          for s in sets]  # fmt: skip
-                row[f"{name}_us"] = time_graph_us(hinted, rep_ms=args.rep_ms)
-            row["exact"] = exact
-            rows.append(row)
-            print({c: round(v, 2) if isinstance(v, float) else v for c, v in row.items()},
-                  flush=True)  # fmt: skip
-            del sets
-    cuda_select.source, cuda_select._module = _ORIGINAL_SOURCE, _ORIGINAL_MODULE
-    cuda_select._nvrtc_module.cache_clear()
-    cuda_select._kernel.cache_clear()
+        mods = triton_variants(args.base)
+        rows = measure(
+            args,
+            "triton",
+            {"triton_hintfree_us": _route_triton(mods["new"])},
+            {f"triton_{name}_us": _route_triton(m) for name, m in mods.items()},
+        )
+        triton_select.kn = mods["new"]
+    else:
+        srcs = variants(args.base)
+        base = srcs.get("base", srcs["ladder"])
+        rows = measure(
+            args,
+            "auto",
+            {"hintfree_us": lambda: use(base), "hintfree_new_us": lambda: use(srcs["new"])},
+            {f"{name}_us": (lambda src=src: use(src)) for name, src in srcs.items()},
+        )
+        cuda_select.source, cuda_select._module = _ORIGINAL_SOURCE, _ORIGINAL_MODULE
+        cuda_select._nvrtc_module.cache_clear()
+        cuda_select._kernel.cache_clear()
     print(markdown_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
