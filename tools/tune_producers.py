@@ -5,10 +5,10 @@ them (their sums are pairwise trees over fixed column segments), so only the tim
     python3 tools/tune_producers.py --out RESULTS_DIR [--widths 1152 2048 4096 11008]
 
 For each producer (LayerNorm -> INT8, RMSNorm + residual -> INT8 and -> NVFP4, SiLU-mul -> INT8)
-and width, times every shape at 1024, 4096 and 16384 rows (CUDA graphs over rotated inputs, as
-the `gemm_producers` benchmark), prints the shape the code picks now and the one with the lowest
-summed time, each with its floor fractions, and writes every timing to
-RESULTS_DIR/tune_producers.json.
+and width, times every shape, and the NVFP4 producer's register-capped one where the code picks
+it, at 1024, 4096 and 16384 rows (CUDA graphs over rotated inputs, as the `gemm_producers`
+benchmark); prints the shape the code picks now and the one with the lowest summed time, each
+with its floor fractions, and writes every timing to RESULTS_DIR/tune_producers.json.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def _layer_norm(n, k):
     xs = [_bf16(n, k) for _ in range(rotation(n * k * 3))]
 
     def call(x, shape):
-        return lambda: ln._launch(x, w, bias, 1e-6, None, q, s, "int8", True, (a, b, *shape))
+        return lambda: ln._launch(x, w, bias, 1e-6, None, q, s, "int8", True, (a, b, *shape[:2]))
 
-    return xs, call, n * k * 3 + n * 4, rows._producer_config(a + b)
+    return xs, call, n * k * 3 + n * 4, (*rows._producer_config(a + b), None)
 
 
 def _rms(n, k, nvfp4):
@@ -63,19 +63,19 @@ def _rms(n, k, nvfp4):
                torch.empty(n, device="cuda"))  # fmt: skip
         codes = n * k // 2 + n * k // 16
         module, attr, fn = nvfp4_rows, "producer_launch", nvfp4_rows.rms_norm_quantize_nvfp4
-        current = nvfp4_rows.producer_launch(a + b)
+        current = nvfp4_rows.producer_launch(a + b)  # (rows, warps, maxnreg)
     else:
         out = (torch.empty(n, k, dtype=torch.int8, device="cuda"), torch.empty(n, device="cuda"))
         codes = n * k
         module, attr, fn = rows, "_producer_config", rows.rms_norm_quantize
-        current = rows._producer_config(a + b)
+        current = (*rows._producer_config(a + b), None)
     nbytes = n * k * 6 + codes + n * 4
     sets = [(_bf16(n, k), _bf16(n, k)) for _ in range(rotation(nbytes))]
 
     def call(pair, shape):
         def run():
             saved = getattr(module, attr)
-            setattr(module, attr, lambda width: shape)
+            setattr(module, attr, lambda width: shape if nvfp4 else shape[:2])
             try:
                 if nvfp4:
                     fn(pair[0], w, 1e-6, residual=pair[1], out=out, residual_out=ro)
@@ -97,7 +97,7 @@ def _silu(n, i):
     def call(gu, shape):
         def run():
             saved = rows._producer_config
-            rows._producer_config = lambda width: shape
+            rows._producer_config = lambda width: shape[:2]
             try:
                 rows.silu_mul_quantize(gu, "int8", out=out)
             finally:
@@ -105,7 +105,7 @@ def _silu(n, i):
 
         return run
 
-    return gus, call, nbytes, rows._producer_config(triton.next_power_of_2(i))
+    return gus, call, nbytes, (*rows._producer_config(triton.next_power_of_2(i)), None)
 
 
 PRODUCERS = {
@@ -117,11 +117,14 @@ PRODUCERS = {
 
 
 def _shapes(name, width):
-    """Shapes with 4-64 elements a thread (NVFP4: one row a program; two-row tiles spill)."""
+    """(rows a program, warps, maxnreg) with 4-64 elements a thread, uncapped (NVFP4: one row a
+    program, two-row tiles spill; and the shape the code picks, which may cap the registers)."""
     for r, w in SHAPES:
         per_thread = width * r // (32 * w)
         if 4 <= per_thread <= 64 and not (name == "rms_norm_nvfp4" and r > 1):
-            yield (r, w)
+            yield (r, w, None)
+    if name == "rms_norm_nvfp4" and nvfp4_rows.producer_launch(width)[2] is not None:
+        yield nvfp4_rows.producer_launch(width)
 
 
 def _fracs(fracs, shape) -> str:
@@ -145,7 +148,7 @@ def main() -> None:
                     totals[shape] = totals.get(shape, 0.0) + us
                     fracs.setdefault(shape, []).append(floor / us)
                     results.append({"producer": name, "cols": k, "rows": n, "rows_per_program":
-                                    shape[0], "warps": shape[1], "us": us,
+                                    shape[0], "warps": shape[1], "maxnreg": shape[2], "us": us,
                                     "floor_frac": floor / us})  # fmt: skip
                 del inputs
             best = min(totals, key=totals.get)

@@ -34,6 +34,7 @@ from flashrt_kernels.triton_helpers import to_f32
 OP = "quantize_rows_nvfp4"
 IMPLEMENTED = ("triton", "reference")
 MAX_COLS = 32768
+WIDE_MAXNREG = 96  # register cap of the rows wider than 8192 columns (producer_launch)
 
 
 @triton.jit
@@ -113,16 +114,20 @@ def _rms_norm_nvfp4_kernel(
     tl.store(A + rows, tl.div_rn(1.0, g), mask=row_ok)
 
 
-def producer_launch(width: int) -> tuple[int, int]:
-    """(ROWS, num_warps) of the RMSNorm -> NVFP4 producer over ``width`` padded columns: 16-32
-    elements a thread, one row a program from 512 columns up, 4 or 8 rows on one warp below.
-    (The RMSNorm's sums are pairwise trees over norm.rms_norm's column segments, so the launch
-    shape moves no bit.) Two-row tiles and some four-row ones (768 columns on 4 warps) compile
-    to code that spills the quantizer's registers, 20-100x the instructions (Triton 3.6-3.9,
-    sm_90), so none is used."""
+def producer_launch(width: int) -> tuple[int, int, int | None]:
+    """(ROWS, num_warps, maxnreg) of the RMSNorm -> NVFP4 producer over ``width`` padded
+    columns: 16-32 elements a thread, one row a program from 512 columns up, 4 or 8 rows on one
+    warp below. (The RMSNorm's sums are pairwise trees over norm.rms_norm's column segments, so
+    the launch shape moves no bit.) Two-row tiles and some four-row ones (768 columns on 4 warps)
+    compile to code that spills the quantizer's registers, 20-100x the instructions (Triton
+    3.6-3.9, sm_90), so none is used. Rows wider than 8192 columns run on 8 warps capped at 96
+    registers a thread: uncapped, Triton 3.6 gave them more than 128, so one program held an SM
+    (12.5% occupancy; 0.33 of the floor at 11008 columns, 0.51 capped, on an H100)."""
+    if width > 8192:
+        return 1, 8, WIDE_MAXNREG
     if width >= 512:
-        return 1, max(1, min(16, 1 << (max(width // 1024, 1).bit_length() - 1)))
-    return min(8, 1 << ((1024 // width).bit_length() - 1)), 1
+        return 1, max(1, min(16, 1 << (max(width // 1024, 1).bit_length() - 1))), None
+    return min(8, 1 << ((1024 // width).bit_length() - 1)), 1, None
 
 
 def _native(dev: torch.device) -> bool:
@@ -194,7 +199,8 @@ def rms_norm_quantize_nvfp4(x, weight, eps: float = 1e-6, *, residual=None, out=
         _copy_outputs((q, sf, alpha), ref)
     elif m:
         block_a, block_b, _, _ = norm_launch_config(k)
-        rows, warps = producer_launch(block_a + block_b)
+        rows, warps, maxnreg = producer_launch(block_a + block_b)
+        cap = {} if maxnreg is None or not _native(dev) else {"maxnreg": maxnreg}
         has_res = residual is not None
         _rms_norm_nvfp4_kernel[(triton.cdiv(m, rows),)](
             x, weight, residual if has_res else x, residual_out if has_res else x, q,
@@ -202,6 +208,7 @@ def rms_norm_quantize_nvfp4(x, weight, eps: float = 1e-6, *, residual=None, out=
             residual.stride(0) if has_res else 0, residual_out.stride(0) if has_res else 0,
             q.stride(0), sf.stride(0), float(eps), HAS_RESIDUAL=has_res, NATIVE=_native(dev),
             BLOCK_A=block_a, BLOCK_B=block_b, ROWS=rows, num_warps=warps, enable_fp_fusion=False,
+            **cap,
         )  # fmt: skip
     return (q, sf, alpha) if residual is None else (q, sf, alpha, residual_out)
 
