@@ -289,3 +289,42 @@ def test_pdl_combine_gives_the_plain_launch_bits():
             outs.append(out)
         assert torch.equal(outs[0], outs[1])
         assert not outs[1].isnan().any()
+
+
+def test_query_chunk_cap_splits_rows_of_many_queries():
+    """A row whose query term passes ``QUERY_CHUNK_CAP`` splits its context (a replay step's frame
+    rows): the host plan says so, the result is faithful to the reference, and a row's bits are
+    the same alone as inside the batch (the split is a function of the row)."""
+    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+    from flashrt_kernels.attention.splits import geometry, split_chunk
+    from flashrt_kernels.testing import assert_exact, assert_faithful
+
+    cfg = {"QUERY_CHUNK_CAP": 128}
+    hq, hkv, d, q_max = 2, 1, 64, 40
+    cl, ql = _lens(260, 0, 100), _lens(40, 3, 25)
+    assert split_chunk(260 + 40, 40, 2, geometry(cfg, hkv)) == 128  # 3 splits
+    assert split_chunk(260 + 40, 40, 2, geometry(None, hkv)) == 512  # 1 split without the cap
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, q_max, hq, d, generator=g).to(BF16)
+    k = torch.randn(3, 300, hkv, d, generator=g).to(BF16)
+    v = torch.randn(3, 300, hkv, d, generator=g).to(BF16)
+    mask = torch.ones(q_max, q_max).tril().bool().expand(3, q_max, q_max).contiguous()
+
+    def run(rows, cfg=cfg):
+        idx = torch.tensor(rows)
+        out = torch.full((len(rows), q_max, hq, d), float("nan"), dtype=BF16)
+        ws = torch.empty(workspace_numel(len(rows), q_max, hq, hkv, d, 300, cfg))
+        launch_gqa_tiles(q[idx], k[idx], v[idx], out, cl[idx], ql[idx], q_starts=None,
+                         cache_rows=None, mask=mask[idx].view(torch.uint8), mask_mode=1,
+                         q_max=q_max, split=True, workspace=ws, scale=d**-0.5,
+                         config=cfg)  # fmt: skip
+        return out
+
+    full = run([0, 1, 2])
+    want = reference.gqa_attention(q, k, v, cl, ql, tree_mask=mask)
+    tol = {"rtol": 2.0**-7, "atol": 2.0**-7 * float(v.float().abs().max())}
+    assert_faithful(full, want, **tol, what="rows split at the query cap vs reference")
+    assert_exact(run([0])[0], full[0], what="a split frame row alone vs in the batch")
+    # the kernel splits too (not only the host plan): three partials merged round differently
+    # from one walk (deterministic inputs; checked to differ)
+    assert not torch.equal(run([0], cfg=None)[0], full[0])

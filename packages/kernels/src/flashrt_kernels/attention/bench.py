@@ -313,6 +313,84 @@ def invariant_sweep(quick: bool = False) -> list[dict]:
     return rows
 
 
+STEP_SWEEP = (
+    {},
+    {"QUERY_CHUNK_CAP": 4096},
+    {"QUERY_CHUNK_CAP": 2048},
+    {"QUERY_CHUNK_CAP": 1024},
+    {"QUERY_CHUNK_CAP": 2048, "wide": {"num_stages": 3}},
+    {"QUERY_CHUNK_CAP": 1024, "wide": {"num_stages": 3}},
+    {"QUERY_CHUNK_CAP": 2048, "wide": {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3}},
+    {"wide": {"num_stages": 3}},
+    {"KEYS_PER_ROW": 1},
+    {"KEYS_PER_ROW": 1, "wide": {"num_stages": 3}},
+)
+# A replay step of the ActiveVLN engine at B = 8 (Qwen2.5-VL-3B: 16/2 heads, d = 128): two rows
+# start a frame (150 causal queries: image and prompt tokens), six verify a grammar tree of 14
+# nodes; each row's context is its own (scaled by the case's factor).
+STEP_QUERIES = (150, 14, 14, 150, 14, 14, 14, 14)
+STEP_CONTEXT = (4000, 6000, 2000, 8000, 5000, 3000, 7000, 4500)
+
+
+def _step_sets(scale: float, hq: int = 16, hkv: int = 2):
+    """Input sets of one replay-shaped step: per-row cached lengths and query counts, a causal
+    mask for the frame rows and a random ancestor mask for the tree rows (mask mode 1)."""
+    bsz, n = len(STEP_QUERIES), max(STEP_QUERIES)
+    lens = [int(c * scale) for c in STEP_CONTEXT]
+    cap = max(lens) + n
+    mask = torch.zeros(bsz, n, n, dtype=torch.bool)
+    for b, q in enumerate(STEP_QUERIES):
+        sub = torch.ones(q, q).tril().bool() if q > 16 else random_tree_mask(q, 8, b)
+        mask[b, :q, :q] = sub
+    live = sum(c + q for c, q in zip(lens, STEP_QUERIES, strict=True))
+    kv_bytes = 2 * live * hkv * D * DT.itemsize
+    sets = []
+    for _ in range(rotation(2 * bsz * cap * hkv * D * DT.itemsize, limit=8)):
+        q = torch.randn(bsz, n, hq, D, dtype=DT, device=DEVICE)
+        k = torch.randn(bsz, cap, hkv, D, dtype=DT, device=DEVICE)
+        sets.append((q, k, torch.randn_like(k), mask.to(DEVICE), torch.empty_like(q)))
+    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    ql = torch.tensor(STEP_QUERIES, dtype=torch.int32, device=DEVICE)
+    flops = sum(4 * hq * D * q * (c + q) for c, q in zip(lens, STEP_QUERIES, strict=True))
+    return sets, cl, ql, kv_bytes, flops
+
+
+@register_benchmark("attention_step_sweep", "attention",
+                    "tile geometry at a replay step's shapes (frame rows beside tree rows)")  # fmt: skip
+def run_step_sweep(quick: bool = False) -> list[dict]:
+    """Replay-shaped steps (``STEP_QUERIES`` over contexts ``STEP_CONTEXT`` x 0.25 / 1 / 2), then
+    24- and 64-node trees at B = 8, L = 8k (the ``attention`` benchmark's tree rows), each under
+    every geometry of ``STEP_SWEEP``."""
+    rows = []
+    sweep = STEP_SWEEP[:3] if quick else STEP_SWEEP
+    for scale in (0.25, 1.0) if quick else (0.25, 1.0, 2.0):
+        sets, cl, ql, nbytes, flops = _step_sets(scale)
+        q_max, hq, hkv = sets[0][0].shape[1], sets[0][0].shape[2], sets[0][1].shape[2]
+        cap = sets[0][1].shape[1]
+        for cfg in sweep:
+            numel = workspace_numel(len(STEP_QUERIES), q_max, hq, hkv, D, cap, cfg)
+            calls = []
+            for q, k, v, mask, out in sets:
+                ws = torch.empty(numel, device=DEVICE)
+                calls.append(partial(launch_gqa_tiles, q, k, v, out, cl, ql, q_starts=None,
+                                     cache_rows=None, mask=mask.view(torch.uint8), mask_mode=1,
+                                     q_max=q_max, split=True, workspace=ws, scale=D**-0.5,
+                                     config=cfg))  # fmt: skip
+            t = time_graph_us(calls)
+            rows.append(_sweep_row("replay step", f"{hq}/{hkv}", len(STEP_QUERIES),
+                                   int(cl.float().mean()), cfg, t, floor_us(nbytes) / t,
+                                   flops / t * 1e-6))  # fmt: skip
+        del sets
+    for n in (24,) if quick else (24, 64):
+        for cfg in sweep:
+            sets, cl, ql, nbytes = _decode_sets(8, 8192 - n, n, 16, 2, True, cfg)
+            t = _ours_decode(sets, cl, ql, cfg)
+            rows.append(_sweep_row(f"tree {n} nodes", "16/2", 8, 8192, cfg, t,
+                                   floor_us(nbytes) / t, 4 * 8 * 16 * n * 8192 * D / t * 1e-6))  # fmt: skip
+            del sets
+    return rows
+
+
 @register_benchmark("attention_sweep", "attention", "tile-geometry sweep for the attention kernels")
 def run_sweep(quick: bool = False) -> list[dict]:
     rows = []

@@ -61,8 +61,10 @@ def _round_to(x, dtype: tl.constexpr, EMULATE: tl.constexpr):
 
 @triton.jit
 def _row_chunk(total, q_len, G: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-               KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr):  # fmt: skip
-    need = tl.maximum(KEYS_PER_ROW * q_len * G, (total + TARGET - 1) // TARGET)
+               KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr,
+               DOUBLINGS: tl.constexpr):  # fmt: skip
+    per_query = tl.minimum(KEYS_PER_ROW * q_len * G, QUERY_CHUNK_CAP)
+    need = tl.maximum(per_query, (total + TARGET - 1) // TARGET)
     chunk = need * 0 + MIN_CHUNK
     for _ in tl.static_range(DOUBLINGS):
         chunk = tl.where(chunk < need, chunk * 2, chunk)
@@ -138,7 +140,8 @@ def gqa_tile_kernel(
     TAIL_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_MODE: tl.constexpr, SPLIT: tl.constexpr, PACKED: tl.constexpr,
     HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ROW_CLASS: tl.constexpr,
     NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-    KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr, ALIGN: tl.constexpr,
+    KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr, DOUBLINGS: tl.constexpr,
+    ALIGN: tl.constexpr,
     PDL: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max].
@@ -180,7 +183,9 @@ def gqa_tile_kernel(
     head = h * G + r % G
     row_live = qi < q_len
     if SPLIT:
-        chunk = _row_chunk(total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, DOUBLINGS)
+        chunk = _row_chunk(
+            total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, QUERY_CHUNK_CAP, DOUBLINGS
+        )
         n_splits = (total + chunk - 1) // chunk
         start = split * chunk
         end = tl.minimum(start + chunk, total)
@@ -255,7 +260,8 @@ def split_combine_kernel(
     capacity, slots, n_q_heads, q_max,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     UPCAST: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-    KEYS_PER_ROW: tl.constexpr, DOUBLINGS: tl.constexpr, PDL: tl.constexpr,
+    KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr, DOUBLINGS: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
     shape, whatever the split count). Rows of one split were written by the tile kernel. The
@@ -284,7 +290,9 @@ def split_combine_kernel(
                      mask=(h[:, None] < n_q_heads) & (d[None, :] < HEAD_DIM))  # fmt: skip
     if i < q_len:
         total = tl.minimum(cache_len + q_len, capacity)
-        chunk = _row_chunk(total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, DOUBLINGS)
+        chunk = _row_chunk(
+            total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, QUERY_CHUNK_CAP, DOUBLINGS
+        )
         n_splits = (total + chunk - 1) // chunk
         if n_splits != 1:
             s = tl.arange(0, TARGET)
@@ -345,7 +353,8 @@ def launch_gqa_tiles(
     smb = mask.stride(0) if mask is not None else 0
     smi = mask.stride(1) if mask is not None else 0
     chunks = {"MIN_CHUNK": cfg["MIN_CHUNK"], "TARGET": cfg["TARGET"],
-              "KEYS_PER_ROW": cfg["KEYS_PER_ROW"], "DOUBLINGS": MAX_DOUBLINGS}  # fmt: skip
+              "KEYS_PER_ROW": cfg["KEYS_PER_ROW"], "QUERY_CHUNK_CAP": cfg["QUERY_CHUNK_CAP"],
+              "DOUBLINGS": MAX_DOUBLINGS}  # fmt: skip
     pdl = split and cfg["PDL"] and pdl_supported(q.device)
     for name, row_class, n_splits, n_tiles in launches:
         tiles = cfg[name]

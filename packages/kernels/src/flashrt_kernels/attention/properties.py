@@ -126,6 +126,10 @@ def _decode_examples(scale: str):
         # a padded prefill step (ActiveVLN's 256-query bucket): only rows of <= 32 queries split
         {**base, "batch": 8, "q_max": 256, "cap": 2048, "q_lens": [130, 120, 0, 1, 256, 3, 88, 32],
          "cache_lens": [1500, 0, 5, 2047, 1792, 2000, 900, 1400], "mask": "causal"},
+        # a replay step: frame rows of 150 queries over long contexts split at QUERY_CHUNK_CAP
+        # beside tree rows
+        {**base, "batch": 4, "q_max": 160, "cap": 6000, "q_lens": [150, 14, 160, 0],
+         "cache_lens": [5000, 5900, 2100, 10], "mask": "tree"},
     ]  # fmt: skip
 
 

@@ -25,8 +25,9 @@ NARROW_ROWS = 32
 # and 0.99x at 32/8 on an H100 (docs/kernels/attention.md, 2026-12-05).
 NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ONE_LOOP": True}
 # 64-row wide tiles with 4 warps beat 128 rows with 8 warps on the H200 (90 vs 118 us, 24-node
-# trees at L=8k; docs/kernels/attention.md)
-WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# trees at L=8k); 3 stages beat 2 on an H100 with the separate combine (trees 1.14x, replay-shaped
+# steps 1.07-1.13x; docs/kernels/attention.md, 2026-12-06)
+WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # Split rule: at least MIN_CHUNK keys, at most TARGET splits, at least KEYS_PER_ROW keys per tile
 # row (bounds the partial traffic: KEYS_PER_ROW / 4 times the K/V bytes of the split at d=128).
@@ -34,7 +35,11 @@ PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # tiles a deeper key loop: the H200 decode sweep (docs/kernels/attention.md) measured 0.94x the
 # time of the other geometry in geomean over B x L at 16/2 heads, and 1.00x at 32/8 where it
 # lost at L=2k. A function of the model's head counts, never of the batch.
-SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4}
+# QUERY_CHUNK_CAP: the query term of the rule stops at this many keys, so a row of many queries
+# (a frame's prefill beside tree rows in one step: compute-bound) still splits a long context
+# into several programs instead of walking it in one: replay-shaped steps 1.1-1.9x faster on an
+# H100 (docs/kernels/attention.md, 2026-12-06). Rows of at most 64 queries at G = 8 keep the rule.
+SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4, "QUERY_CHUNK_CAP": 2048}
 FEW_KV_HEADS = 2
 FEW_KV_SPLITS = {"TARGET": 32, "narrow": {"num_stages": 3}}
 # The split combine starts as a programmatic dependent of the tile launch (sm90+; the bits do not
@@ -63,7 +68,8 @@ def geometry(config: dict | None = None, kv_heads: int | None = None) -> dict:
 
 def split_chunk(total: int, q_len: int, group: int, cfg: dict) -> int:
     """Host mirror of the in-kernel split size (keys per split) of a row."""
-    need = max(cfg["KEYS_PER_ROW"] * q_len * group, -(-total // cfg["TARGET"]))
+    per_query = min(cfg["KEYS_PER_ROW"] * q_len * group, cfg["QUERY_CHUNK_CAP"])
+    need = max(per_query, -(-total // cfg["TARGET"]))
     chunk = cfg["MIN_CHUNK"]
     for _ in range(MAX_DOUBLINGS):
         if chunk < need:
@@ -73,8 +79,9 @@ def split_chunk(total: int, q_len: int, group: int, cfg: dict) -> int:
 
 @functools.cache
 def _plan(capacity: int, q_max: int, group: int, min_chunk: int, target: int,
-          keys_per_row: int) -> tuple[int, int, int, int]:  # fmt: skip
-    cfg = {"MIN_CHUNK": min_chunk, "TARGET": target, "KEYS_PER_ROW": keys_per_row}
+          keys_per_row: int, query_chunk_cap: int) -> tuple[int, int, int, int]:  # fmt: skip
+    cfg = {"MIN_CHUNK": min_chunk, "TARGET": target, "KEYS_PER_ROW": keys_per_row,
+           "QUERY_CHUNK_CAP": query_chunk_cap}  # fmt: skip
     splits = {False: 1, True: 1}
     slots = 1
     split_queries = 0
@@ -93,7 +100,8 @@ def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, i
     count of a row that can have more than one split). A row's split size grows with its query
     count and its key count is at most ``capacity``, so rows of more queries than the last are
     never split: the combine pass only merges query slots below it."""
-    return _plan(capacity, q_max, group, cfg["MIN_CHUNK"], cfg["TARGET"], cfg["KEYS_PER_ROW"])
+    return _plan(capacity, q_max, group, cfg["MIN_CHUNK"], cfg["TARGET"], cfg["KEYS_PER_ROW"],
+                 cfg["QUERY_CHUNK_CAP"])  # fmt: skip
 
 
 def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""A/B of ActiveVLN presets against earlier kernel choices, in one process.
+
+    PYTHONPATH=<packages/kernels/src:packages/activevln/src> python3 tools/ab_activevln.py OUT \
+        --presets fast lossless --variants default narrow-linears [--episodes 16 --mean-frames 12]
+
+For each preset and variant: the benchmark (3B shapes, random weights) with the variant's module
+settings in place, restored afterwards. Variants:
+- ``default``: the code as it is;
+- ``narrow-linears``: ``few_rows.wide_pays`` answers False (every few-row linear on the 16-row
+  tiles, the choice before the wide tiles of 2026-12-05);
+- ``attention-1205``: the GQA split rule without ``QUERY_CHUNK_CAP`` and the wide tiles on 2
+  stages (the geometry before 2026-12-06).
+Rows and replies are printed; everything goes to OUT/preset_ab.json.
+"""
+
+import argparse
+import contextlib
+import json
+
+from flashrt_activevln import bench
+from flashrt_kernels.attention import splits
+from flashrt_kernels.gemm import few_rows
+
+
+@contextlib.contextmanager
+def _patched(obj, **values):
+    """Set attributes (or dict keys, for a dict) of ``obj`` for the block."""
+    get = obj.__getitem__ if isinstance(obj, dict) else lambda k: getattr(obj, k)
+    put = obj.__setitem__ if isinstance(obj, dict) else lambda k, v: setattr(obj, k, v)
+    old = {k: get(k) for k in values}
+    for k, v in values.items():
+        put(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            put(k, v)
+
+
+def _attention_1205():
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patched(splits.SPLITS, QUERY_CHUNK_CAP=1 << 30))
+    stack.enter_context(_patched(splits.WIDE, num_stages=2))
+    return stack
+
+
+VARIANTS = {
+    "default": contextlib.nullcontext,
+    "narrow-linears": lambda: _patched(few_rows, wide_pays=lambda k, n, m: False),
+    "attention-1205": _attention_1205,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--presets", nargs="+", default=["fast"])
+    ap.add_argument("--variants", nargs="+", default=["default"], choices=sorted(VARIANTS))
+    ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--mean-frames", type=int, default=12)
+    args = ap.parse_args()
+    res = {}
+    for preset_name in args.presets:
+        for variant in args.variants:
+            with VARIANTS[variant]():
+                r = bench.run(checkpoint=None, random_config="3b", episodes=args.episodes,
+                              mean_frames=args.mean_frames, baseline_episodes=1,
+                              baseline_frames=2, preset_name=preset_name, overrides={},
+                              dtype="bfloat16", device="cuda", hf=False, progress=False)  # fmt: skip
+            name = f"{preset_name} {variant}"
+            res[name] = r
+            p = r["paths"]["preset"]
+            scalars = {k: v for k, v in p.items() if not isinstance(v, (list, dict))}
+            print(name, json.dumps(scalars), json.dumps(r.get("identical")), flush=True)
+    with open(f"{args.out}/preset_ab.json", "w") as f:
+        json.dump(res, f, default=str)
+
+
+if __name__ == "__main__":
+    main()
