@@ -385,9 +385,11 @@ class Engine:
         the vision ahead; read once a later read has passed it, or at the end of a replay)."""
         if self._unbooked is None:
             return
-        clock, prefill, tail = self._unbooked
+        clock, prefill, tail, overlapped = self._unbooked
         self._unbooked = None
         pre, vis, text, *ahead = clock.spans()
+        if overlapped:  # the vision ahead ran on the GPU while the host accepted: count it once
+            tail = max(0.0, tail - sum(ahead))
         s = self.stats.seconds
         s["preprocess"] += pre
         s["vision"] += vis + sum(ahead)
@@ -502,7 +504,7 @@ class Engine:
         tail = time.perf_counter() - t_read  # acceptance, on the host
         if not overlapped and self._ahead(rows, consumed=False):  # no read may wait for it here
             clock.mark()
-        self._unbooked = (clock, bool(turns), tail)
+        self._unbooked = (clock, bool(turns), tail, overlapped)
 
     def _inputs(self, rows, turns, chains, chain_pos, drafts) -> tuple[dict, int]:
         """The step's host tensors (padded to the graph buckets with ``cuda_graphs``) and the
