@@ -10,7 +10,8 @@ settings in place, restored afterwards. Variants:
 - ``narrow-linears``: ``few_rows.wide_pays`` answers False (every few-row linear on the 16-row
   tiles, the choice before the wide tiles of 2026-12-05);
 - ``attention-1205``: the GQA split rule without ``QUERY_CHUNK_CAP`` and the wide tiles on 2
-  stages (the geometry before 2026-12-06).
+  stages (the geometry before 2026-12-06);
+- ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
 
@@ -45,10 +46,12 @@ def _attention_1205():
     return stack
 
 
+# name -> (module settings in place for the run, option overrides)
 VARIANTS = {
-    "default": contextlib.nullcontext,
-    "narrow-linears": lambda: _patched(few_rows, wide_pays=lambda k, n, m: False),
-    "attention-1205": _attention_1205,
+    "default": (contextlib.nullcontext, {}),
+    "narrow-linears": (lambda: _patched(few_rows, wide_pays=lambda k, n, m: False), {}),
+    "attention-1205": (_attention_1205, {}),
+    **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 
 
@@ -63,10 +66,11 @@ def main() -> None:
     res = {}
     for preset_name in args.presets:
         for variant in args.variants:
-            with VARIANTS[variant]():
+            settings, overrides = VARIANTS[variant]
+            with settings():
                 r = bench.run(checkpoint=None, random_config="3b", episodes=args.episodes,
                               mean_frames=args.mean_frames, baseline_episodes=1,
-                              baseline_frames=2, preset_name=preset_name, overrides={},
+                              baseline_frames=2, preset_name=preset_name, overrides=overrides,
                               dtype="bfloat16", device="cuda", hf=False, progress=False)  # fmt: skip
             name = f"{preset_name} {variant}"
             res[name] = r

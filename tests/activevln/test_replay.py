@@ -155,3 +155,26 @@ def test_packed_forward_matches_padded_and_writes_only_live_slots(tiny64):
             got, want = getattr(pools[1], t)[:, r], getattr(pools[0], t)[:, r]
             torch.testing.assert_close(got[:, lo:hi], want[:, lo:hi], rtol=1e-12, atol=1e-12)
             assert bool(got[:, hi:].isnan().all()), (r, t)  # nothing written past the live tokens
+
+
+def test_vision_ahead_changes_no_reply(make_engine, tiny64, episodes):
+    """``vision_ahead``: frames embedded ahead of their turn (behind an earlier step's forward,
+    in fewer vision calls) give the same replies, greedy and sampled (the ahead call before and
+    after the acceptance), on the padded, packed and bucketed paths; the frames did run ahead."""
+    cases = [dict(grammar_tree_budget=16, batch_size=3, constrain_to_grammar=True),
+             dict(grammar_tree_budget=8, batch_size=2, do_sample=True, temperature=0.8,
+                  top_p=0.9),
+             dict(grammar_tree_budget=16, batch_size=3, constrain_to_grammar=True,
+                  packed_prefill=True, attention_kernel="gqa", cuda_graphs=True,
+                  gpu_preprocess=True)]  # fmt: skip
+    for opts in cases:
+        base, e0 = _replay(make_engine, tiny64, episodes, **opts)
+        for depth in (1, 3):
+            ahead, eng = _replay(make_engine, tiny64, episodes, vision_ahead=depth, **opts)
+            assert ahead == base, (opts, depth)
+            stats = eng.stats.as_dict()
+            assert stats["vision_ahead_frames"] > 0, (opts, depth)
+            calls, calls0 = eng.stats.vision_calls, e0.stats.vision_calls
+            assert calls < calls0 if depth == 3 else calls <= calls0, (opts, depth, calls, calls0)
+            assert not eng._embeds  # every frame embedded ahead was used
+            assert sum(stats["ms_per_frame"].values()) > 0

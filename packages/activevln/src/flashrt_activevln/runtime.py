@@ -10,6 +10,15 @@ feeds its last token. Either way the row's draft tree (grammar trie, ``grammar_t
 nodes) rides along after it; the accepted nodes' K/V are moved down behind the committed prefix
 at the start of the next step's forward (incremental commit: only the accepted nodes are copied,
 inside the next step's graph with ``cuda_graphs``; the last step's at the end of ``replay``).
+
+Vision ahead (``vision_ahead=N``): a replay knows every frame before the model sees it, so after a
+step's text forward is launched the engine runs the vision tower over frames the rows will need
+next (up to N per row, and the waiting episodes' first frames; at most ``batch_size`` a call,
+which frames share a call fixed by the replay alone) while the host waits for the step's choices
+and accepts them. The
+embeddings wait in a cache until their frame's turn; a step whose frames are all cached runs no
+vision of its own. The GPU fills the host's gap between two forwards with work it needed anyway,
+in fewer, larger vision calls.
 """
 
 from __future__ import annotations
@@ -85,6 +94,8 @@ class Stats:
     replies_forwards: int = 0
     forwards: int = 0
     draft_nodes: int = 0  # draft nodes verified, over all forwards and rows
+    vision_calls: int = 0  # vision tower runs, and the frames of them that ran ahead
+    vision_ahead_frames: int = 0
     graph_captures: int = 0  # new CUDA graphs (``cuda_graphs``) and the seconds they took
     capture_seconds: float = 0.0
     seconds: dict = field(
@@ -99,6 +110,8 @@ class Stats:
             "forwards": self.forwards,
             "decode_forwards_per_reply": self.replies_forwards / fr,
             "draft_nodes_per_forward": self.draft_nodes / max(self.forwards, 1),
+            "frames_per_vision_call": self.frames / max(self.vision_calls, 1),
+            "vision_ahead_frames": self.vision_ahead_frames,
             "frames_per_second": self.frames / total if total else 0.0,
             "ms_per_frame": {k: 1000 * v / fr for k, v in self.seconds.items()},
             "graph_captures": self.graph_captures,
@@ -123,6 +136,10 @@ class Engine:
         self._moves: list = []  # the last step's KV commit, applied by the next step's forward
         self.vision_graphs = VisionGraphs(model, processor)
         self.frames: FrameFeed | None = None  # the running replay's frame loader
+        self._queue: deque = deque()  # the running replay's waiting episodes
+        # (id(episode), frame) -> (merged image embeddings, frame height, width): vision ahead
+        self._embeds: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
+        self._unbooked: tuple | None = None  # the last step's clock, read after the next read
 
     @staticmethod
     def ops_for(options: Options) -> Ops:
@@ -213,7 +230,7 @@ class Engine:
         per row (default: what these episodes need)."""
         b = self.opt.batch_size
         self._ensure_pool(capacity or self.capacity(episodes))
-        queue = deque(enumerate(episodes))
+        queue = self._queue = deque(enumerate(episodes))
         rows: list[_Row | None] = [None] * b
         out: list[Reply] = []
 
@@ -223,11 +240,17 @@ class Engine:
                     idx, ep = queue.popleft()
                     g = torch.Generator().manual_seed(self.opt.seed * 100003 + idx)
                     rows[r] = _Row(ep, seed=idx, node=self.trie.root, generator=g)
-            for row in rows:  # every row's next frame, and the first of the next waiting episodes
+            # every row's next frames (as many as the vision ahead may take), and the first of
+            # the next waiting episodes; a frame embedded ahead was taken already
+            for row in rows:
                 if row is not None:
-                    feed.want(row.episode, row.frame + (0 if row.starting else 1))
-            for _, ep in itertools.islice(queue, b):
-                feed.want(ep, 0)
+                    first = row.frame + (0 if row.starting else 1)
+                    for i in range(first, first + max(1, self.opt.vision_ahead)):
+                        if (row.seed, i) not in self._embeds:
+                            feed.want(row.episode, i)
+            for idx, ep in itertools.islice(queue, b):
+                if (idx, 0) not in self._embeds:
+                    feed.want(ep, 0)
 
         with self._feed() as feed:
             self.frames = feed
@@ -241,6 +264,8 @@ class Engine:
                         self.release_row(r)
                 fill()
         self.frames = None
+        self._embeds.clear()
+        self._book()
         self._flush_moves()
         return out
 
@@ -291,32 +316,107 @@ class Engine:
             i = j
         return pix, grids
 
-    def _step(self, rows: list[_Row | None], out: list[Reply]) -> None:
-        dev = self.model.device
-        clock = StageClock(dev)
-        turns, frames = {}, []
-        for r, row in enumerate(rows):
-            if row is not None and row.starting:
-                frame = self.frames.take(row.episode, row.frame)
-                self.frames.want(row.episode, row.frame + 1)  # loaded while this step runs
-                turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, frame.height,
-                                          frame.width)  # fmt: skip
-                frames.append(frame)
-        image, vg = None, self.vision_graphs
+    def _run_vision(self, keys: list[tuple[int, int]], frames: list[Loaded],
+                    clock: StageClock | None = None) -> None:  # fmt: skip
+        """The vision tower over ``frames`` (one call) -> each frame's merged embeddings into the
+        cache under its key. ``clock`` is marked where preprocessing ends (before the tower, or
+        before the vision graph that holds the preprocessing)."""
+        dev, vg = self.model.device, self.vision_graphs
         before = (len(vg.graphs), vg.capture_seconds)
         one_size = len({(f.height, f.width) for f in frames}) == 1
         if self.opt.cuda_graphs and self.opt.gpu_preprocess and one_size:
-            clock.mark()  # preprocessing runs inside the vision graph: booked as vision
+            if clock is not None:
+                clock.mark()
             image, _ = vg.run_frames([f.data for f in frames])
+            grids = [self.proc.grid(f.height, f.width) for f in frames]
         else:
             pix, grids = self._pixels(frames, dev)
-            clock.mark()
-            if pix and self.opt.cuda_graphs:
-                image = vg.run(torch.cat(pix), grids)
-            elif pix:
-                image = self.model.vision(torch.cat(pix), grids)
+            if clock is not None:
+                clock.mark()
+            run = vg.run if self.opt.cuda_graphs else self.model.vision
+            image = run(torch.cat(pix), grids)
         self.stats.graph_captures += len(vg.graphs) - before[0]
         self.stats.capture_seconds += vg.capture_seconds - before[1]
+        self.stats.vision_calls += 1
+        if self.opt.cuda_graphs:
+            image = image.clone()  # a graph's static output: the next replay overwrites it
+        merge = self.model.cfg.vision.spatial_merge_size**2
+        sizes = [math.prod(g) // merge for g in grids]
+        for key, f, emb in zip(keys, frames, image.split(sizes), strict=True):
+            self._embeds[key] = (emb, f.height, f.width)
+
+    def _ahead(self, rows: list[_Row | None], consumed: bool) -> bool:
+        """Vision ahead (``vision_ahead``): the frames the rows need next that are not yet
+        embedded, nearest first, at most ``batch_size`` of them, in one vision call.
+        ``consumed``: called before the step's acceptance, when a starting row's frame is already
+        taken (after it, a starting row's own frame is the next it needs). Returns whether it
+        ran one."""
+        depth, feed = self.opt.vision_ahead, self.frames
+        if not depth or feed is None:
+            return False
+        live = [row for row in rows if row is not None]
+        first = [row.frame + (1 if consumed or not row.starting else 0) for row in live]
+        order = [(row.seed, row.episode, f + d)
+                 for d in range(depth) for row, f in zip(live, first, strict=True)]  # fmt: skip
+        waiting = itertools.islice(self._queue, self.opt.batch_size)
+        order[len(live) : len(live)] = [(idx, ep, 0) for idx, ep in waiting]
+        wanted: dict[tuple[int, int], Episode] = {}
+        for idx, ep, i in order:
+            if i < len(ep.frames) and (idx, i) not in self._embeds:
+                wanted.setdefault((idx, i), ep)
+        wanted = list(wanted.items())[: self.opt.batch_size]
+        # taken in order, waiting for a load if need be, so that which frames share a call does
+        # not depend on the loaders' timing; one frame size a call
+        keys, frames = [], []
+        for key, ep in wanted:
+            frame = feed.take(ep, key[1])
+            if frames and (frame.height, frame.width) != (frames[0].height, frames[0].width):
+                self._run_vision([key], [frame])  # a frame of another size: a call of its own
+                continue
+            keys.append(key)
+            frames.append(frame)
+        if frames:
+            self._run_vision(keys, frames)
+        self.stats.vision_ahead_frames += len(wanted)
+        return bool(wanted)
+
+    def _book(self) -> None:
+        """Books the last step's stage spans (its clock's last mark may trail the step's host read:
+        the vision ahead; read once a later read has passed it, or at the end of a replay)."""
+        if self._unbooked is None:
+            return
+        clock, prefill, tail, overlapped = self._unbooked
+        self._unbooked = None
+        pre, vis, text, *ahead = clock.spans()
+        if overlapped:  # the vision ahead ran on the GPU while the host accepted: count it once
+            tail = max(0.0, tail - sum(ahead))
+        s = self.stats.seconds
+        s["preprocess"] += pre
+        s["vision"] += vis + sum(ahead)
+        s["prefill" if prefill else "decode"] += text + tail
+
+    def _step(self, rows: list[_Row | None], out: list[Reply]) -> None:
+        dev = self.model.device
+        clock = StageClock(dev)
+        starting = [(r, row) for r, row in enumerate(rows) if row is not None and row.starting]
+        keys, frames = [], []
+        for _, row in starting:
+            key = (row.seed, row.frame)
+            if key not in self._embeds:
+                keys.append(key)
+                frames.append(self.frames.take(row.episode, row.frame))
+            if (row.seed, row.frame + 1) not in self._embeds:
+                self.frames.want(row.episode, row.frame + 1)  # loaded while this step runs
+        if frames:
+            self._run_vision(keys, frames, clock)
+        else:
+            clock.mark()
+        turns, image = {}, None
+        if starting:
+            got = [self._embeds.pop((row.seed, row.frame)) for _, row in starting]
+            for (r, row), (_, h, w) in zip(starting, got, strict=True):
+                turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, h, w)
+            image = got[0][0] if len(got) == 1 else torch.cat([g[0] for g in got])
         clock.mark()  # the host builds the text step's inputs while the GPU runs the vision tower
 
         chains, chain_pos, drafts = [], [], []
@@ -367,8 +467,23 @@ class Engine:
         self.stats.forwards += 1
         self.stats.draft_nodes += sum(len(d[0]) for d in drafts)
         clock.mark()  # before the step's host read, so that read completes it
-        if choices is not None:
-            choices = choices[:verified].tolist()  # the step's one host read
+        overlapped = choices is not None
+        if overlapped:
+            # greedy: the choices are copied behind the step and the vision ahead is queued behind
+            # the copy, so the GPU runs it while the host waits for the copy and accepts
+            read = choices[:verified]
+            if read.is_cuda:
+                host_read = torch.empty(verified, dtype=read.dtype, pin_memory=True)
+                host_read.copy_(read, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+            if self._ahead(rows, consumed=True):
+                clock.mark()
+            if read.is_cuda:
+                copied.synchronize()
+                read = host_read
+            choices = read.tolist()  # the step's one host read
+        self._book()  # the step before's spans: complete now
         t_read = time.perf_counter()
         allowed = None
         if "after" in host and choices is None:
@@ -387,11 +502,9 @@ class Engine:
                 at += n
         self._moves = moves  # committed at the start of the next forward (or by ``replay``)
         tail = time.perf_counter() - t_read  # acceptance, on the host
-        pre, vis, text = clock.spans()
-        s = self.stats.seconds
-        s["preprocess"] += pre
-        s["vision"] += vis
-        s["prefill" if turns else "decode"] += text + tail
+        if not overlapped and self._ahead(rows, consumed=False):  # no read may wait for it here
+            clock.mark()
+        self._unbooked = (clock, bool(turns), tail, overlapped)
 
     def _inputs(self, rows, turns, chains, chain_pos, drafts) -> tuple[dict, int]:
         """The step's host tensors (padded to the graph buckets with ``cuda_graphs``) and the
