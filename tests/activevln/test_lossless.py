@@ -102,7 +102,8 @@ def test_lossless_replay_identical_across_tree_and_batch_cpu(monkeypatch):
     """bf16 on the CPU with the kernels' torch references (the interpreter would take many
     minutes): the lossless preset's runtime (a causal launch over prefill chains, trees gathered
     per row behind them, bucketed steps) replays with the tree at B=3, trees on prefill rows
-    included, the greedy replies it replays without the tree at B=1, with far fewer forwards.
+    included (and with the vision ahead), the greedy replies it replays without the tree at B=1,
+    with far fewer forwards.
     The kernels' own bits are the GPU test's below."""
     from flashrt_activevln.engine_setup import random_engine
 
@@ -110,22 +111,23 @@ def test_lossless_replay_identical_across_tree_and_batch_cpu(monkeypatch):
 
     episodes = synthetic_episodes(3, seed=3, mean_frames=3, min_frames=2, height=60, width=80)
     replies, forwards = {}, {}
-    for budget, bs in ((16, 3), (0, 1), (16, 1)):
-        opt = preset("lossless", grammar_tree_budget=budget, batch_size=bs,
+    for budget, bs, ahead in ((16, 3, 0), (0, 1, 0), (16, 1, 0), (16, 3, 2)):
+        opt = preset("lossless", grammar_tree_budget=budget, batch_size=bs, vision_ahead=ahead,
                      constrain_to_grammar=True, max_new_tokens=24)  # fmt: skip
         eng = random_engine("tiny", opt, "cpu")
         out = eng.replay(episodes)
-        replies[budget, bs] = {(r.episode, r.frame): r.tokens for r in out}
+        replies[budget, bs, ahead] = {(r.episode, r.frame): r.tokens for r in out}
         forwards[budget, bs] = eng.stats.forwards
-    assert len(replies[0, 1]) == sum(len(e.frames) for e in episodes)
-    assert replies[16, 3] == replies[0, 1] == replies[16, 1]
+    assert len(replies[0, 1, 0]) == sum(len(e.frames) for e in episodes)
+    assert replies[16, 3, 0] == replies[0, 1, 0] == replies[16, 1, 0] == replies[16, 3, 2]
     assert 2 * forwards[16, 1] < forwards[0, 1]
 
 
 @pytest.mark.gpu
 def test_lossless_replies_identical_across_tree_and_batch(tiny64):
     """bf16 on the GPU: the lossless preset's greedy replies with the tree at B=3 equal those
-    without the tree at B=1, frame for frame, and the tree saves forwards."""
+    without the tree at B=1, frame for frame (and with the vision ahead), and the tree saves
+    forwards."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from flashrt_activevln.model import Qwen25VL
@@ -135,12 +137,13 @@ def test_lossless_replies_identical_across_tree_and_batch(tiny64):
     w = {k: t.to("cuda", torch.bfloat16) for k, t in w64.items()}
     episodes = synthetic_episodes(4, seed=3, mean_frames=4, min_frames=2)
     replies, forwards = {}, {}
-    for budget, bs in ((16, 3), (0, 1), (16, 1)):
-        opt = preset("lossless", grammar_tree_budget=budget, batch_size=bs,
+    for budget, bs, ahead in ((16, 3, 0), (0, 1, 0), (16, 1, 0), (16, 3, 2)):
+        opt = preset("lossless", grammar_tree_budget=budget, batch_size=bs, vision_ahead=ahead,
                      constrain_to_grammar=True, max_new_tokens=24)  # fmt: skip
         eng = Engine(Qwen25VL(cfg, dict(w), Engine.ops_for(opt)), proc, opt)
         out = eng.replay(episodes)
-        replies[budget, bs] = {(r.episode, r.frame): r.tokens for r in out}
-        forwards[budget, bs] = eng.stats.forwards
-    assert replies[16, 3] == replies[0, 1] == replies[16, 1]
-    assert forwards[16, 1] < forwards[0, 1]
+        replies[budget, bs, ahead] = {(r.episode, r.frame): r.tokens for r in out}
+        forwards[budget, bs, ahead] = eng.stats.forwards
+    # the vision ahead embeds frames in other image batches: the same bits (batch-invariant tower)
+    assert replies[16, 3, 0] == replies[0, 1, 0] == replies[16, 1, 0] == replies[16, 3, 2]
+    assert forwards[16, 1, 0] < forwards[0, 1, 0]
