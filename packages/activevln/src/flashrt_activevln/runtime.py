@@ -15,10 +15,9 @@ Vision ahead (``vision_ahead=N``): a replay knows every frame before the model s
 step's text forward is launched the engine runs the vision tower over frames the rows will need
 next (up to N per row, and the waiting episodes' first frames; at most ``batch_size`` a call,
 which frames share a call fixed by the replay alone) while the host waits for the step's choices
-and accepts them. The
-embeddings wait in a cache until their frame's turn; a step whose frames are all cached runs no
-vision of its own. The GPU fills the host's gap between two forwards with work it needed anyway,
-in fewer, larger vision calls.
+and accepts them. The embeddings wait in a cache until their frame's turn; a step whose frames
+are all cached runs no vision of its own. The GPU fills the host's gap between two forwards with
+work it needed anyway (waiting for larger vision calls instead lost: docs/activevln.md).
 """
 
 from __future__ import annotations
@@ -137,7 +136,7 @@ class Engine:
         self.vision_graphs = VisionGraphs(model, processor)
         self.frames: FrameFeed | None = None  # the running replay's frame loader
         self._queue: deque = deque()  # the running replay's waiting episodes
-        # (id(episode), frame) -> (merged image embeddings, frame height, width): vision ahead
+        # (episode index, frame) -> (merged image embeddings, frame height, width): vision ahead
         self._embeds: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
         self._unbooked: tuple | None = None  # the last step's clock, read after the next read
 
