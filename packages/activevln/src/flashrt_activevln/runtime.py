@@ -357,6 +357,8 @@ class Engine:
         first = [row.frame + (1 if consumed or not row.starting else 0) for row in live]
         order = [(row.seed, row.episode, f + d)
                  for d in range(depth) for row, f in zip(live, first, strict=True)]  # fmt: skip
+        # nearest first: every row's next frame, the waiting episodes' first frames, then the
+        # rows' later frames
         waiting = itertools.islice(self._queue, self.opt.batch_size)
         order[len(live) : len(live)] = [(idx, ep, 0) for idx, ep in waiting]
         wanted: dict[tuple[int, int], Episode] = {}
