@@ -361,11 +361,11 @@ class Engine:
         # rows' later frames
         waiting = itertools.islice(self._queue, self.opt.batch_size)
         order[len(live) : len(live)] = [(idx, ep, 0) for idx, ep in waiting]
-        wanted: dict[tuple[int, int], Episode] = {}
+        missing: dict[tuple[int, int], Episode] = {}  # in order, each frame once
         for idx, ep, i in order:
             if i < len(ep.frames) and (idx, i) not in self._embeds:
-                wanted.setdefault((idx, i), ep)
-        wanted = list(wanted.items())[: self.opt.batch_size]
+                missing.setdefault((idx, i), ep)
+        wanted = list(missing.items())[: self.opt.batch_size]
         # taken in order, waiting for a load if need be, so that which frames share a call does
         # not depend on the loaders' timing; one frame size a call
         keys, frames = [], []
