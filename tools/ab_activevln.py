@@ -18,6 +18,7 @@ Rows and replies are printed; everything goes to OUT/preset_ab.json.
 import argparse
 import contextlib
 import json
+from pathlib import Path
 
 from flashrt_activevln import bench
 from flashrt_kernels.attention import splits
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--mean-frames", type=int, default=12)
     args = ap.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     res = {}
     for preset_name in args.presets:
         for variant in args.variants:
