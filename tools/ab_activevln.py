@@ -11,6 +11,8 @@ settings in place, restored afterwards. Variants:
   tiles, the choice before the wide tiles of 2026-12-05);
 - ``attention-1205``: the GQA split rule without ``QUERY_CHUNK_CAP`` and the wide tiles on 2
   stages (the geometry before 2026-12-06);
+- ``attention-1206``: the GQA split rule of 2026-12-06 (``KEYS_PER_ROW`` 4, the query term at
+  ``QUERY_CHUNK_CAP`` whatever the extent);
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
@@ -42,9 +44,14 @@ def _patched(obj, **values):
 
 def _attention_1205():
     stack = contextlib.ExitStack()
-    stack.enter_context(_patched(splits.SPLITS, QUERY_CHUNK_CAP=1 << 30))
+    stack.enter_context(_patched(splits.SPLITS, KEYS_PER_ROW=4, QUERY_CHUNK_CAP=1 << 30,
+                                 QUERY_CHUNK_FLOOR=1 << 30))  # fmt: skip
     stack.enter_context(_patched(splits.WIDE, num_stages=2))
     return stack
+
+
+def _attention_1206():
+    return _patched(splits.SPLITS, KEYS_PER_ROW=4, QUERY_CHUNK_FLOOR=2048)
 
 
 # name -> (module settings in place for the run, option overrides)
@@ -52,6 +59,7 @@ VARIANTS = {
     "default": (contextlib.nullcontext, {}),
     "narrow-linears": (lambda: _patched(few_rows, wide_pays=lambda k, n, m: False), {}),
     "attention-1205": (_attention_1205, {}),
+    "attention-1206": (_attention_1206, {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 
