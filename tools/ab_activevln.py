@@ -11,6 +11,8 @@ settings in place, restored afterwards. Variants:
   tiles, the choice before the wide tiles of 2026-12-05);
 - ``attention-1205``: the GQA split rule without ``QUERY_CHUNK_CAP`` and the wide tiles on 2
   stages (the geometry before 2026-12-06);
+- ``attention-1206``: the GQA split rule of 2026-12-06 (``KEYS_PER_ROW`` 4, the query term at
+  ``QUERY_CHUNK_CAP`` whatever the extent);
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
@@ -18,6 +20,7 @@ Rows and replies are printed; everything goes to OUT/preset_ab.json.
 import argparse
 import contextlib
 import json
+from pathlib import Path
 
 from flashrt_activevln import bench
 from flashrt_kernels.attention import splits
@@ -41,9 +44,14 @@ def _patched(obj, **values):
 
 def _attention_1205():
     stack = contextlib.ExitStack()
-    stack.enter_context(_patched(splits.SPLITS, QUERY_CHUNK_CAP=1 << 30))
+    stack.enter_context(_patched(splits.SPLITS, KEYS_PER_ROW=4, QUERY_CHUNK_CAP=1 << 30,
+                                 QUERY_CHUNK_FLOOR=1 << 30))  # fmt: skip
     stack.enter_context(_patched(splits.WIDE, num_stages=2))
     return stack
+
+
+def _attention_1206():
+    return _patched(splits.SPLITS, KEYS_PER_ROW=4, QUERY_CHUNK_FLOOR=2048)
 
 
 # name -> (module settings in place for the run, option overrides)
@@ -51,6 +59,7 @@ VARIANTS = {
     "default": (contextlib.nullcontext, {}),
     "narrow-linears": (lambda: _patched(few_rows, wide_pays=lambda k, n, m: False), {}),
     "attention-1205": (_attention_1205, {}),
+    "attention-1206": (_attention_1206, {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 
@@ -63,6 +72,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--mean-frames", type=int, default=12)
     args = ap.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     res = {}
     for preset_name in args.presets:
         for variant in args.variants:

@@ -291,6 +291,23 @@ def test_pdl_combine_gives_the_plain_launch_bits():
         assert not outs[1].isnan().any()
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [None, {"QUERY_CHUNK_FLOOR": 512}, {"KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},
+     {"MIN_CHUNK": 64, "TARGET": 8, "QUERY_SPLITS": 3}],
+)  # fmt: skip
+def test_split_plan_is_the_most_splits_of_any_extent(cfg):
+    """The host plan (grid and workspace) takes the most splits a row can have: exactly the
+    maximum over every extent up to the capacity, so no split is left out and none is wasted."""
+    from flashrt_kernels.attention.splits import geometry, most_splits, split_chunk
+
+    geo = geometry(cfg, 2)
+    for capacity in (1, 700, 5000):
+        for q in (1, 3, 14, 150):
+            brute = max(-(-t // split_chunk(t, q, 8, geo)) for t in range(1, capacity + 1))
+            assert most_splits(capacity, q, 8, geo) == brute, (capacity, q)
+
+
 def test_query_chunk_cap_splits_rows_of_many_queries():
     """A row whose query term passes ``QUERY_CHUNK_CAP`` splits its context (a replay step's frame
     rows): the host plan says so, the result is faithful to the reference, and a row's bits are
@@ -303,7 +320,7 @@ def test_query_chunk_cap_splits_rows_of_many_queries():
     hq, hkv, d, q_max = 2, 1, 64, 40
     cl, ql = _lens(260, 0, 100), _lens(40, 3, 25)
     assert split_chunk(260 + 40, 40, 2, geometry(cfg, hkv)) == 128  # 3 splits
-    assert split_chunk(260 + 40, 40, 2, geometry(None, hkv)) == 512  # 1 split without the cap
+    assert split_chunk(260 + 40, 40, 2, geometry(None, hkv)) == 1024  # 1 split without the cap
     g = torch.Generator().manual_seed(7)
     q = torch.randn(3, q_max, hq, d, generator=g).to(BF16)
     k = torch.randn(3, 300, hkv, d, generator=g).to(BF16)

@@ -315,14 +315,12 @@ def invariant_sweep(quick: bool = False) -> list[dict]:
 
 STEP_SWEEP = (
     {},
-    {"QUERY_CHUNK_CAP": 1 << 30, "wide": {"num_stages": 2}},  # the geometry before 2026-12-06
-    {"QUERY_CHUNK_CAP": 1024},
-    {"QUERY_CHUNK_CAP": 4096},
-    {"wide": {"num_stages": 4}},
-    {"wide": {"BLOCK_N": 128, "num_stages": 2}},
+    {"KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},  # the geometry of 2026-12-06
+    {"KEYS_PER_ROW": 4},
+    {"QUERY_CHUNK_FLOOR": 2048},
+    {"QUERY_CHUNK_FLOOR": 512},
+    {"KEYS_PER_ROW": 16},
     {"wide": {"BLOCK_M": 128, "num_warps": 8}},
-    {"KEYS_PER_ROW": 2},
-    {"KEYS_PER_ROW": 8},
 )
 # A replay step of the ActiveVLN engine at B = 8 (Qwen2.5-VL-3B: 16/2 heads, d = 128): two rows
 # start a frame (150 causal queries: image and prompt tokens), six verify a grammar tree of 14

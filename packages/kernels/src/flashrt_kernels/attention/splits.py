@@ -35,11 +35,17 @@ PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # tiles a deeper key loop: the H200 decode sweep (docs/kernels/attention.md) measured 0.94x the
 # time of the other geometry in geomean over B x L at 16/2 heads, and 1.00x at 32/8 where it
 # lost at L=2k. A function of the model's head counts, never of the batch.
-# QUERY_CHUNK_CAP: the query term of the rule stops at this many keys, so a row of many queries
-# (a frame's prefill beside tree rows in one step: compute-bound) still splits a long context
-# into several programs instead of walking it in one: replay-shaped steps 1.1-1.9x faster on an
-# H100 (docs/kernels/attention.md, 2026-12-06). Rows of at most 64 queries at G = 8 keep the rule.
-SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4, "QUERY_CHUNK_CAP": 2048}
+# The query term (KEYS_PER_ROW keys a tile row) is capped by a function of the row's extent:
+# min(QUERY_CHUNK_CAP, max(QUERY_CHUNK_FLOOR, extent / QUERY_SPLITS)). So a row of many queries
+# (a frame's prefill beside tree rows in one step: compute-bound) still splits its context into
+# a few programs instead of walking it in one, and into about QUERY_SPLITS of them while the
+# context is short. On an H100 (docs/kernels/attention.md, 2026-12-06): the cap at 2048 took
+# replay-shaped steps 1.1-1.9x; the floor at 1024 with 4 splits and 8 keys a tile row (was 4,
+# with the term at the cap) another 1.24x / 1.05x / 0.98x at ~1.2k / 4.9k / 9.9k keys and the
+# trees 1.0-1.09x. Narrow rows (at most 32 tile rows: 256 keys) never reach the floor; q = 1 at
+# G <= 16 stays at MIN_CHUNK; a narrow row of 17-32 tile rows takes 256 keys a split (was 128).
+SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 8, "QUERY_CHUNK_CAP": 2048,
+          "QUERY_CHUNK_FLOOR": 1024, "QUERY_SPLITS": 4}  # fmt: skip
 FEW_KV_HEADS = 2
 FEW_KV_SPLITS = {"TARGET": 32, "narrow": {"num_stages": 3}}
 # The split combine starts as a programmatic dependent of the tile launch (sm90+; the bits do not
@@ -68,7 +74,9 @@ def geometry(config: dict | None = None, kv_heads: int | None = None) -> dict:
 
 def split_chunk(total: int, q_len: int, group: int, cfg: dict) -> int:
     """Host mirror of the in-kernel split size (keys per split) of a row."""
-    per_query = min(cfg["KEYS_PER_ROW"] * q_len * group, cfg["QUERY_CHUNK_CAP"])
+    cap = min(cfg["QUERY_CHUNK_CAP"],
+              max(cfg["QUERY_CHUNK_FLOOR"], -(-total // cfg["QUERY_SPLITS"])))  # fmt: skip
+    per_query = min(cfg["KEYS_PER_ROW"] * q_len * group, cap)
     need = max(per_query, -(-total // cfg["TARGET"]))
     chunk = cfg["MIN_CHUNK"]
     for _ in range(MAX_DOUBLINGS):
@@ -77,16 +85,31 @@ def split_chunk(total: int, q_len: int, group: int, cfg: dict) -> int:
     return chunk
 
 
+def most_splits(capacity: int, q_len: int, group: int, cfg: dict) -> int:
+    """The most splits a row of ``q_len`` queries has over any extent up to ``capacity``. The
+    split size is a power-of-two multiple of ``MIN_CHUNK`` that never shrinks as the extent
+    grows, so the count peaks at the last extent of each split size: where the extent reaches
+    that size times ``TARGET`` or times ``QUERY_SPLITS``, or the capacity."""
+    ends = {capacity}
+    chunk = cfg["MIN_CHUNK"]
+    while chunk < capacity:
+        ends.update((chunk * cfg["TARGET"], chunk * cfg["QUERY_SPLITS"]))
+        chunk *= 2
+    return max(-(-t // split_chunk(t, q_len, group, cfg)) for t in ends if t <= capacity)
+
+
 @functools.cache
 def _plan(capacity: int, q_max: int, group: int, min_chunk: int, target: int,
-          keys_per_row: int, query_chunk_cap: int) -> tuple[int, int, int, int]:  # fmt: skip
+          keys_per_row: int, query_chunk_cap: int, query_chunk_floor: int,
+          query_splits: int) -> tuple[int, int, int, int]:  # fmt: skip
     cfg = {"MIN_CHUNK": min_chunk, "TARGET": target, "KEYS_PER_ROW": keys_per_row,
-           "QUERY_CHUNK_CAP": query_chunk_cap}  # fmt: skip
+           "QUERY_CHUNK_CAP": query_chunk_cap, "QUERY_CHUNK_FLOOR": query_chunk_floor,
+           "QUERY_SPLITS": query_splits}  # fmt: skip
     splits = {False: 1, True: 1}
     slots = 1
     split_queries = 0
     for q in range(1, q_max + 1):
-        s = min(target, -(-capacity // split_chunk(1, q, group, cfg)))
+        s = most_splits(capacity, q, group, cfg)
         wide = q * group > NARROW_ROWS
         splits[wide] = max(splits[wide], s)
         slots = max(slots, q * s)
@@ -101,7 +124,7 @@ def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, i
     count and its key count is at most ``capacity``, so rows of more queries than the last are
     never split: the combine pass only merges query slots below it."""
     return _plan(capacity, q_max, group, cfg["MIN_CHUNK"], cfg["TARGET"], cfg["KEYS_PER_ROW"],
-                 cfg["QUERY_CHUNK_CAP"])  # fmt: skip
+                 cfg["QUERY_CHUNK_CAP"], cfg["QUERY_CHUNK_FLOOR"], cfg["QUERY_SPLITS"])  # fmt: skip
 
 
 def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,
