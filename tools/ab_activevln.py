@@ -11,8 +11,8 @@ settings in place, restored afterwards. Variants:
   tiles, the choice before the wide tiles of 2026-12-05);
 - ``attention-1205``: the GQA split rule without ``QUERY_CHUNK_CAP`` and the wide tiles on 2
   stages (the geometry before 2026-12-06);
-- ``attention-1206``: the GQA split rule of 2026-12-06 (``KEYS_PER_ROW`` 4, the query term at
-  ``QUERY_CHUNK_CAP`` whatever the extent);
+- ``attention-1206``: the GQA split rule of 2026-12-06's first change (4 keys a wide tile row,
+  the query term at ``QUERY_CHUNK_CAP`` whatever the extent);
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
@@ -44,14 +44,14 @@ def _patched(obj, **values):
 
 def _attention_1205():
     stack = contextlib.ExitStack()
-    stack.enter_context(_patched(splits.SPLITS, KEYS_PER_ROW=4, QUERY_CHUNK_CAP=1 << 30,
+    stack.enter_context(_patched(splits.SPLITS, WIDE_KEYS_PER_ROW=4, QUERY_CHUNK_CAP=1 << 30,
                                  QUERY_CHUNK_FLOOR=1 << 30))  # fmt: skip
     stack.enter_context(_patched(splits.WIDE, num_stages=2))
     return stack
 
 
 def _attention_1206():
-    return _patched(splits.SPLITS, KEYS_PER_ROW=4, QUERY_CHUNK_FLOOR=2048)
+    return _patched(splits.SPLITS, WIDE_KEYS_PER_ROW=4, QUERY_CHUNK_FLOOR=2048)
 
 
 # name -> (module settings in place for the run, option overrides)

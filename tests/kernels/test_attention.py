@@ -293,7 +293,7 @@ def test_pdl_combine_gives_the_plain_launch_bits():
 
 @pytest.mark.parametrize(
     "cfg",
-    [None, {"QUERY_CHUNK_FLOOR": 512}, {"KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},
+    [None, {"QUERY_CHUNK_FLOOR": 512}, {"WIDE_KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},
      {"MIN_CHUNK": 64, "TARGET": 8, "QUERY_SPLITS": 3}],
 )  # fmt: skip
 def test_split_plan_is_the_most_splits_of_any_extent(cfg):

@@ -315,11 +315,11 @@ def invariant_sweep(quick: bool = False) -> list[dict]:
 
 STEP_SWEEP = (
     {},
-    {"KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},  # the geometry of 2026-12-06
-    {"KEYS_PER_ROW": 4},
+    {"WIDE_KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},  # the geometry of 2026-12-06 (first)
+    {"WIDE_KEYS_PER_ROW": 4},
     {"QUERY_CHUNK_FLOOR": 2048},
     {"QUERY_CHUNK_FLOOR": 512},
-    {"KEYS_PER_ROW": 16},
+    {"WIDE_KEYS_PER_ROW": 16},
     {"wide": {"BLOCK_M": 128, "num_warps": 8}},
 )
 # A replay step of the ActiveVLN engine at B = 8 (Qwen2.5-VL-3B: 16/2 heads, d = 128): two rows

@@ -33,6 +33,7 @@ import triton.language as tl
 from flashrt_kernels.attention.splits import (
     MAX_DOUBLINGS,
     NARROW_ROWS,
+    RULE_KEYS,
     geometry,
     split_plan,
     vector_align,
@@ -60,14 +61,16 @@ def _round_to(x, dtype: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _row_chunk(total, q_len, G: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-               KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr,
-               QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr,
-               DOUBLINGS: tl.constexpr):  # fmt: skip
+def _row_chunk(total, q_len, G: tl.constexpr, NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr,
+               TARGET: tl.constexpr, KEYS_PER_ROW: tl.constexpr, WIDE_KEYS_PER_ROW: tl.constexpr,
+               QUERY_CHUNK_CAP: tl.constexpr, QUERY_CHUNK_FLOOR: tl.constexpr,
+               QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr):  # fmt: skip
+    """Keys per split of a row (``splits.split_chunk`` is its host mirror)."""
     cap = tl.minimum(
         QUERY_CHUNK_CAP, tl.maximum(QUERY_CHUNK_FLOOR, (total + QUERY_SPLITS - 1) // QUERY_SPLITS)
     )
-    per_query = tl.minimum(KEYS_PER_ROW * q_len * G, cap)
+    kpr = tl.where(q_len * G > NARROW, WIDE_KEYS_PER_ROW, KEYS_PER_ROW)
+    per_query = tl.minimum(kpr * q_len * G, cap)
     need = tl.maximum(per_query, (total + TARGET - 1) // TARGET)
     chunk = need * 0 + MIN_CHUNK
     for _ in tl.static_range(DOUBLINGS):
@@ -144,8 +147,8 @@ def gqa_tile_kernel(
     TAIL_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_MODE: tl.constexpr, SPLIT: tl.constexpr, PACKED: tl.constexpr,
     HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ROW_CLASS: tl.constexpr,
     NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-    KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr, QUERY_CHUNK_FLOOR: tl.constexpr,
-    QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
+    KEYS_PER_ROW: tl.constexpr, WIDE_KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr,
+    QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     ALIGN: tl.constexpr,
     PDL: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):  # fmt: skip
@@ -188,8 +191,9 @@ def gqa_tile_kernel(
     head = h * G + r % G
     row_live = qi < q_len
     if SPLIT:
-        chunk = _row_chunk(total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, QUERY_CHUNK_CAP,
-                           QUERY_CHUNK_FLOOR, QUERY_SPLITS, DOUBLINGS)  # fmt: skip
+        chunk = _row_chunk(total, q_len, G, NARROW, MIN_CHUNK, TARGET, KEYS_PER_ROW,
+                           WIDE_KEYS_PER_ROW, QUERY_CHUNK_CAP, QUERY_CHUNK_FLOOR, QUERY_SPLITS,
+                           DOUBLINGS)  # fmt: skip
         n_splits = (total + chunk - 1) // chunk
         start = split * chunk
         end = tl.minimum(start + chunk, total)
@@ -263,9 +267,9 @@ def split_combine_kernel(
     stride_ob, stride_ot, stride_oh,
     capacity, slots, n_q_heads, q_max,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    UPCAST: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
-    KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr, QUERY_CHUNK_FLOOR: tl.constexpr,
-    QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
+    UPCAST: tl.constexpr, NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
+    KEYS_PER_ROW: tl.constexpr, WIDE_KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr,
+    QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
@@ -295,8 +299,9 @@ def split_combine_kernel(
                      mask=(h[:, None] < n_q_heads) & (d[None, :] < HEAD_DIM))  # fmt: skip
     if i < q_len:
         total = tl.minimum(cache_len + q_len, capacity)
-        chunk = _row_chunk(total, q_len, G, MIN_CHUNK, TARGET, KEYS_PER_ROW, QUERY_CHUNK_CAP,
-                           QUERY_CHUNK_FLOOR, QUERY_SPLITS, DOUBLINGS)  # fmt: skip
+        chunk = _row_chunk(total, q_len, G, NARROW, MIN_CHUNK, TARGET, KEYS_PER_ROW,
+                           WIDE_KEYS_PER_ROW, QUERY_CHUNK_CAP, QUERY_CHUNK_FLOOR, QUERY_SPLITS,
+                           DOUBLINGS)  # fmt: skip
         n_splits = (total + chunk - 1) // chunk
         if n_splits != 1:
             s = tl.arange(0, TARGET)
@@ -356,10 +361,7 @@ def launch_gqa_tiles(
     mask_arg = mask if mask is not None else cache_lens
     smb = mask.stride(0) if mask is not None else 0
     smi = mask.stride(1) if mask is not None else 0
-    chunks = {"MIN_CHUNK": cfg["MIN_CHUNK"], "TARGET": cfg["TARGET"],
-              "KEYS_PER_ROW": cfg["KEYS_PER_ROW"], "QUERY_CHUNK_CAP": cfg["QUERY_CHUNK_CAP"],
-              "QUERY_CHUNK_FLOOR": cfg["QUERY_CHUNK_FLOOR"], "QUERY_SPLITS": cfg["QUERY_SPLITS"],
-              "DOUBLINGS": MAX_DOUBLINGS}  # fmt: skip
+    chunks = {**{key: cfg[key] for key in RULE_KEYS}, "DOUBLINGS": MAX_DOUBLINGS}
     pdl = split and cfg["PDL"] and pdl_supported(q.device)
     for name, row_class, n_splits, n_tiles in launches:
         tiles = cfg[name]
@@ -387,5 +389,5 @@ def launch_gqa_tiles(
             out.stride(0), out.stride(1), out.stride(2),
             cap, slots, hq, q_max,
             HEAD_DIM=d, G=group, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(hq),
-            UPCAST=upcast, PDL=pdl, **chunks, num_warps=4, launch_pdl=pdl,
+            UPCAST=upcast, NARROW=NARROW_ROWS, PDL=pdl, **chunks, num_warps=4, launch_pdl=pdl,
         )  # fmt: skip

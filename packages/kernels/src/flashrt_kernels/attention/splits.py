@@ -40,12 +40,12 @@ PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # (a frame's prefill beside tree rows in one step: compute-bound) still splits its context into
 # a few programs instead of walking it in one, and into about QUERY_SPLITS of them while the
 # context is short. On an H100 (docs/kernels/attention.md, 2026-12-06): the cap at 2048 took
-# replay-shaped steps 1.1-1.9x; the floor at 1024 with 4 splits and 8 keys a tile row (was 4,
-# with the term at the cap) another 1.24x / 1.05x / 0.98x at ~1.2k / 4.9k / 9.9k keys and the
-# trees 1.0-1.09x. Narrow rows (at most 32 tile rows: 256 keys) never reach the floor; q = 1 at
-# G <= 16 stays at MIN_CHUNK; a narrow row of 17-32 tile rows takes 256 keys a split (was 128).
-SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 8, "QUERY_CHUNK_CAP": 2048,
-          "QUERY_CHUNK_FLOOR": 1024, "QUERY_SPLITS": 4}  # fmt: skip
+# replay-shaped steps 1.1-1.9x; the floor at 1024 with 4 splits and, for wide rows,
+# WIDE_KEYS_PER_ROW = 8 keys a tile row (was 4, with the term at the cap) another 1.24x / 1.05x /
+# 0.98x at ~1.2k / 4.9k / 9.9k keys and the trees 1.0-1.09x. Narrow rows keep KEYS_PER_ROW (at
+# most 32 tile rows: 128 keys, below the floor).
+SPLITS = {"MIN_CHUNK": 128, "TARGET": 64, "KEYS_PER_ROW": 4, "WIDE_KEYS_PER_ROW": 8,
+          "QUERY_CHUNK_CAP": 2048, "QUERY_CHUNK_FLOOR": 1024, "QUERY_SPLITS": 4}  # fmt: skip
 FEW_KV_HEADS = 2
 FEW_KV_SPLITS = {"TARGET": 32, "narrow": {"num_stages": 3}}
 # The split combine starts as a programmatic dependent of the tile launch (sm90+; the bits do not
@@ -76,7 +76,8 @@ def split_chunk(total: int, q_len: int, group: int, cfg: dict) -> int:
     """Host mirror of the in-kernel split size (keys per split) of a row."""
     cap = min(cfg["QUERY_CHUNK_CAP"],
               max(cfg["QUERY_CHUNK_FLOOR"], -(-total // cfg["QUERY_SPLITS"])))  # fmt: skip
-    per_query = min(cfg["KEYS_PER_ROW"] * q_len * group, cap)
+    wide = q_len * group > NARROW_ROWS
+    per_query = min(cfg["WIDE_KEYS_PER_ROW" if wide else "KEYS_PER_ROW"] * q_len * group, cap)
     need = max(per_query, -(-total // cfg["TARGET"]))
     chunk = cfg["MIN_CHUNK"]
     for _ in range(MAX_DOUBLINGS):
@@ -98,13 +99,14 @@ def most_splits(capacity: int, q_len: int, group: int, cfg: dict) -> int:
     return max(-(-t // split_chunk(t, q_len, group, cfg)) for t in ends if t <= capacity)
 
 
+# The split rule's keys (``split_chunk``); the kernels take them as constexprs of these names.
+RULE_KEYS = ("MIN_CHUNK", "TARGET", "KEYS_PER_ROW", "WIDE_KEYS_PER_ROW", "QUERY_CHUNK_CAP",
+             "QUERY_CHUNK_FLOOR", "QUERY_SPLITS")  # fmt: skip
+
+
 @functools.cache
-def _plan(capacity: int, q_max: int, group: int, min_chunk: int, target: int,
-          keys_per_row: int, query_chunk_cap: int, query_chunk_floor: int,
-          query_splits: int) -> tuple[int, int, int, int]:  # fmt: skip
-    cfg = {"MIN_CHUNK": min_chunk, "TARGET": target, "KEYS_PER_ROW": keys_per_row,
-           "QUERY_CHUNK_CAP": query_chunk_cap, "QUERY_CHUNK_FLOOR": query_chunk_floor,
-           "QUERY_SPLITS": query_splits}  # fmt: skip
+def _plan(capacity: int, q_max: int, group: int, rule: tuple) -> tuple[int, int, int, int]:
+    cfg = dict(zip(RULE_KEYS, rule, strict=True))
     splits = {False: 1, True: 1}
     slots = 1
     split_queries = 0
@@ -123,8 +125,7 @@ def split_plan(capacity: int, q_max: int, group: int, cfg: dict) -> tuple[int, i
     count of a row that can have more than one split). A row's split size grows with its query
     count and its key count is at most ``capacity``, so rows of more queries than the last are
     never split: the combine pass only merges query slots below it."""
-    return _plan(capacity, q_max, group, cfg["MIN_CHUNK"], cfg["TARGET"], cfg["KEYS_PER_ROW"],
-                 cfg["QUERY_CHUNK_CAP"], cfg["QUERY_CHUNK_FLOOR"], cfg["QUERY_SPLITS"])  # fmt: skip
+    return _plan(capacity, q_max, group, tuple(cfg[key] for key in RULE_KEYS))
 
 
 def workspace_numel(batch: int, q_max: int, q_heads: int, kv_heads: int, head_dim: int,
