@@ -321,6 +321,8 @@ STEP_SWEEP = (
     {"QUERY_CHUNK_FLOOR": 512},
     {"WIDE_KEYS_PER_ROW": 16},
     {"wide": {"BLOCK_M": 128, "num_warps": 8}},
+    {"wide": {"LAZY_RESCALE": 8}},
+    {"wide": {"LAZY_RESCALE": 8, "BLOCK_M": 128, "num_warps": 8}},
 )
 # A replay step of the ActiveVLN engine at B = 8 (Qwen2.5-VL-3B: 16/2 heads, d = 128): two rows
 # start a frame (150 causal queries: image and prompt tokens), six verify a grammar tree of 14
