@@ -308,11 +308,26 @@ def test_split_plan_is_the_most_splits_of_any_extent(cfg):
             assert most_splits(capacity, q, 8, geo) == brute, (capacity, q)
 
 
+def _tiles_on_rows(q, k, v, cl, ql, mask, rows, cfg):
+    """``launch_gqa_tiles`` (split, bool tree mask) on the batch rows ``rows`` of the inputs,
+    with geometry overrides ``cfg``; outputs start as NaN."""
+    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+
+    idx = torch.tensor(rows)
+    _, q_max, hq, d = q.shape
+    cap, hkv = k.shape[1], k.shape[2]
+    out = torch.full((len(rows), q_max, hq, d), float("nan"), dtype=q.dtype)
+    ws = torch.empty(workspace_numel(len(rows), q_max, hq, hkv, d, cap, cfg))
+    launch_gqa_tiles(q[idx], k[idx], v[idx], out, cl[idx], ql[idx], q_starts=None,
+                     cache_rows=None, mask=mask[idx].view(torch.uint8), mask_mode=1, q_max=q_max,
+                     split=True, workspace=ws, scale=d**-0.5, config=cfg)  # fmt: skip
+    return out
+
+
 def test_query_chunk_cap_splits_rows_of_many_queries():
     """A row whose query term passes ``QUERY_CHUNK_CAP`` splits its context (a replay step's frame
     rows): the host plan says so, the result is faithful to the reference, and a row's bits are
     the same alone as inside the batch (the split is a function of the row)."""
-    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
     from flashrt_kernels.attention.splits import geometry, split_chunk
     from flashrt_kernels.testing import assert_exact, assert_faithful
 
@@ -328,14 +343,7 @@ def test_query_chunk_cap_splits_rows_of_many_queries():
     mask = torch.ones(q_max, q_max).tril().bool().expand(3, q_max, q_max).contiguous()
 
     def run(rows, cfg=cfg):
-        idx = torch.tensor(rows)
-        out = torch.full((len(rows), q_max, hq, d), float("nan"), dtype=BF16)
-        ws = torch.empty(workspace_numel(len(rows), q_max, hq, hkv, d, 300, cfg))
-        launch_gqa_tiles(q[idx], k[idx], v[idx], out, cl[idx], ql[idx], q_starts=None,
-                         cache_rows=None, mask=mask[idx].view(torch.uint8), mask_mode=1,
-                         q_max=q_max, split=True, workspace=ws, scale=d**-0.5,
-                         config=cfg)  # fmt: skip
-        return out
+        return _tiles_on_rows(q, k, v, cl, ql, mask, rows, cfg)
 
     full = run([0, 1, 2])
     want = reference.gqa_attention(q, k, v, cl, ql, tree_mask=mask)
@@ -354,7 +362,6 @@ def test_lazy_rescale_is_faithful_and_batch_invariant():
     of log2 units in all (a tile that stopped rescaling would overflow), so both branches run;
     the result stays within the kernel's bound of the reference, and a row's bits are the same
     alone as in the batch."""
-    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
     from flashrt_kernels.testing import assert_exact, assert_faithful
 
     cfg = {"wide": {"LAZY_RESCALE": 8}}
@@ -369,14 +376,7 @@ def test_lazy_rescale_is_faithful_and_batch_invariant():
     mask = torch.stack([random_tree_mask(q_max, 4, s) for s in range(3)])
 
     def run(rows):
-        idx = torch.tensor(rows)
-        out = torch.full((len(rows), q_max, hq, d), float("nan"), dtype=BF16)
-        ws = torch.empty(workspace_numel(len(rows), q_max, hq, hkv, d, cap, cfg))
-        launch_gqa_tiles(q[idx], k[idx], v[idx], out, cl[idx], ql[idx], q_starts=None,
-                         cache_rows=None, mask=mask[idx].view(torch.uint8), mask_mode=1,
-                         q_max=q_max, split=True, workspace=ws, scale=d**-0.5,
-                         config=cfg)  # fmt: skip
-        return out
+        return _tiles_on_rows(q, k, v, cl, ql, mask, rows, cfg)
 
     full = run([0, 1, 2])
     want = reference.gqa_attention(q, k, v, cl, ql, tree_mask=mask)
