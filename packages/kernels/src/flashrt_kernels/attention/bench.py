@@ -317,8 +317,6 @@ def invariant_sweep(quick: bool = False) -> list[dict]:
 STEP_SWEEP = (
     {},
     {"wide": {"TMA": False}},  # pointer loads for every block (before 2026-12-06's third change)
-    {"wide": {"LAZY_RESCALE": 8}},
-    {"wide": {"LAZY_RESCALE": 8, "TMA": False}},
     {"wide": {"BLOCK_M": 128, "num_warps": 8}},
     {"wide": {"num_stages": 4}},
     {"wide": {"BLOCK_N": 128}},

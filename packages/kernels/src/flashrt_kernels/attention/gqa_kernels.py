@@ -82,15 +82,11 @@ def _row_chunk(total, q_len, G: tl.constexpr, NARROW: tl.constexpr, MIN_CHUNK: t
 def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
                   m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
                   BLOCK_N: tl.constexpr, MASK_MODE: tl.constexpr, MASKED: tl.constexpr,
-                  UPCAST: tl.constexpr, ALIGN: tl.constexpr,
-                  LAZY_RESCALE: tl.constexpr = 0, k_desc=None, v_desc=None, desc_row=0,
-                  desc_col=0, TMA: tl.constexpr = False):  # fmt: skip
+                  UPCAST: tl.constexpr, ALIGN: tl.constexpr, k_desc=None, v_desc=None,
+                  desc_row=0, desc_col=0, TMA: tl.constexpr = False):  # fmt: skip
     """One K/V block of the online softmax. ``MASKED``: the block may hold new tokens or end past
     the extent (loads bounded by ``end``, the causal / ancestor mask applied); otherwise every key
-    is a committed one below ``end``, visible to every query. ``LAZY_RESCALE`` (> 0): the tile
-    keeps its running maxima, and skips rescaling the accumulator, until a row's block maximum
-    passes its running one by more than that (log2 units): probabilities stay below
-    ``2**LAZY_RESCALE`` (their relative rounding is unchanged, and the sums are fp32).
+    is a committed one below ``end``, visible to every query.
     ``TMA`` (unmasked blocks only): K and V come through tensor descriptors over the pool's
     ``[slots, kv_heads * d]`` view, block ``(desc_row + n0, desc_col)``: the same values."""
     pos = n0 + tl.arange(0, BLOCK_N)
@@ -125,20 +121,6 @@ def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mas
             visible = visible & ((j[None, :] < 0) | seen)
         s = tl.where(visible, s, float("-inf"))
     m_blk = tl.max(s, 1)
-    if LAZY_RESCALE > 0:
-        if tl.max((m_blk > m_i + LAZY_RESCALE).to(tl.int32), 0) > 0:
-            m_new = tl.maximum(m_i, m_blk)
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
-        if UPCAST:
-            p_lo = p_lo.to(tl.float32)
-            v = v.to(tl.float32)
-        return m_i, l_i, tl.dot(p_lo, v, acc)
     m_new = tl.maximum(m_i, m_blk)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
@@ -176,8 +158,7 @@ def gqa_tile_kernel(
     KEYS_PER_ROW: tl.constexpr, WIDE_KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr,
     QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     ALIGN: tl.constexpr,
-    PDL: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr = 0,
-    TMA: tl.constexpr = False,
+    PDL: tl.constexpr, ONE_LOOP: tl.constexpr, TMA: tl.constexpr = False,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max].
     PACKED: queries and outputs are token-major ``[T, H, d]`` and row ``b`` owns tokens
@@ -270,14 +251,14 @@ def gqa_tile_kernel(
             m_i, l_i, acc = _attend_block(
                 q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
                 m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
-                BLOCK_N, MASK_MODE, False, UPCAST, ALIGN, LAZY_RESCALE,
-                KDesc, VDesc, desc_row, h * HEAD_DIM, TMA,
+                BLOCK_N, MASK_MODE, False, UPCAST, ALIGN, KDesc, VDesc, desc_row,
+                h * HEAD_DIM, TMA,
             )  # fmt: skip
         for n0 in range(mid, end, TAIL_N):
             m_i, l_i, acc = _attend_block(
                 q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
                 m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
-                TAIL_N, MASK_MODE, True, UPCAST, ALIGN, LAZY_RESCALE,
+                TAIL_N, MASK_MODE, True, UPCAST, ALIGN,
             )  # fmt: skip
         if SPLIT:
             if n_splits == 1:
@@ -433,7 +414,7 @@ def launch_gqa_tiles(
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
             HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
             NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, ONE_LOOP=tiles.get("ONE_LOOP", False),
-            LAZY_RESCALE=tiles.get("LAZY_RESCALE", 0), TMA=descs is not None,
+            TMA=descs is not None,
             **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )  # fmt: skip
