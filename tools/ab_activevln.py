@@ -13,6 +13,8 @@ settings in place, restored afterwards. Variants:
   stages (the geometry before 2026-12-06);
 - ``attention-1206``: the GQA split rule of 2026-12-06's first change (4 keys a wide tile row,
   the query term at ``QUERY_CHUNK_CAP`` whatever the extent);
+- ``pointer-kv``: K/V blocks through pointer loads only (no tensor descriptors: before
+  2026-12-06's third change), in the wide and the query-invariant tiles;
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
@@ -54,12 +56,20 @@ def _attention_1206():
     return _patched(splits.SPLITS, WIDE_KEYS_PER_ROW=4, QUERY_CHUNK_FLOOR=2048)
 
 
+def _pointer_kv():
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patched(splits.WIDE, TMA=False))
+    stack.enter_context(_patched(splits.INVARIANT, TMA=False))
+    return stack
+
+
 # name -> (module settings in place for the run, option overrides)
 VARIANTS = {
     "default": (contextlib.nullcontext, {}),
     "narrow-linears": (lambda: _patched(few_rows, wide_pays=lambda k, n, m: False), {}),
     "attention-1205": (_attention_1205, {}),
     "attention-1206": (_attention_1206, {}),
+    "pointer-kv": (_pointer_kv, {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 

@@ -355,32 +355,33 @@ def test_query_chunk_cap_splits_rows_of_many_queries():
     assert not torch.equal(run([0], cfg=None)[0], full[0])
 
 
-def test_lazy_rescale_is_faithful_and_batch_invariant():
-    """Wide tiles with ``LAZY_RESCALE`` (a sweep candidate: running maxima kept, and the
-    accumulator not rescaled, until a row's block maximum passes them by more than 8 in log2
-    units). Keys scaled up along the context make the maxima rise block after block, by hundreds
-    of log2 units in all (a tile that stopped rescaling would overflow), so both branches run;
-    the result stays within the kernel's bound of the reference, and a row's bits are the same
-    alone as in the batch."""
-    from flashrt_kernels.testing import assert_exact, assert_faithful
+def test_tma_loads_give_the_pointer_loads_bits():
+    """Wide tiles load their committed K/V blocks through tensor descriptors (``TMA``, the
+    default where the pool is packed): the same bits as pointer loads for every block, with NaN in
+    the stale slots past each row's extent. A pool without the packed view (heads not next to the
+    dims) or a head dim that is not a power of two takes the pointer loads."""
+    from flashrt_kernels.attention.gqa_kernels import kv_descriptors
+    from flashrt_kernels.testing import assert_exact
 
-    cfg = {"wide": {"LAZY_RESCALE": 8}}
-    hq, hkv, d, q_max, cap = 8, 1, 64, 12, 400
-    cl, ql = _lens(380, 0, 150), _lens(12, 9, 5)  # 96 / 72 / 40 tile rows: wide
-    g = torch.Generator().manual_seed(11)
-    # scores grow along the keys by hundreds of log2 units: never rescaling would overflow
-    ramp = 0.25 + 60.0 * torch.arange(cap).float() / cap
+    hq, hkv, d, q_max, cap = 8, 2, 64, 12, 400
+    cl, ql = _lens(300, 0, 150), _lens(12, 9, 5)  # 48 / 36 / 20 tile rows: wide, wide, narrow
+    g = torch.Generator().manual_seed(5)
     q = torch.randn(3, q_max, hq, d, generator=g).to(BF16)
-    k = (torch.randn(3, cap, hkv, d, generator=g) * ramp[None, :, None, None]).to(BF16)
+    k = torch.randn(3, cap, hkv, d, generator=g).to(BF16)
     v = torch.randn(3, cap, hkv, d, generator=g).to(BF16)
-    mask = torch.stack([random_tree_mask(q_max, 4, s) for s in range(3)])
-
-    def run(rows):
-        return _tiles_on_rows(q, k, v, cl, ql, mask, rows, cfg)
-
-    full = run([0, 1, 2])
-    want = reference.gqa_attention(q, k, v, cl, ql, tree_mask=mask)
-    tol = {"rtol": 2.0**-7, "atol": 2.0**-7 * float(v.float().abs().max())}
-    assert_faithful(full, want, **tol, what="lazily rescaled wide tiles vs reference")
     for b in range(3):
-        assert_exact(run([b])[0], full[b], what=f"row {b} alone vs in the batch")
+        k[b, int(cl[b] + ql[b]) :] = float("nan")
+        v[b, int(cl[b] + ql[b]) :] = float("nan")
+    mask = torch.stack([random_tree_mask(q_max, 4, s) for s in range(3)])
+    assert kv_descriptors(k, v, 64) is not None
+    tma = _tiles_on_rows(q, k, v, cl, ql, mask, [0, 1, 2], None)
+    ptr = _tiles_on_rows(q, k, v, cl, ql, mask, [0, 1, 2], {"wide": {"TMA": False}})
+    assert not tma.isnan().any()
+    assert_exact(tma, ptr, what="TMA-loaded wide tiles vs pointer loads")
+    # heads outside the dims: no packed [slots, heads * d] view
+    k_t = k.transpose(1, 2).contiguous().transpose(1, 2)
+    v_t = v.transpose(1, 2).contiguous().transpose(1, 2)
+    assert kv_descriptors(k_t, v_t, 64) is None
+    assert_exact(_tiles_on_rows(q, k_t, v_t, cl, ql, mask, [0, 1, 2], None), tma,
+                 what="a pool without the packed view")  # fmt: skip
+    assert kv_descriptors(k[..., :48].contiguous(), v[..., :48].contiguous(), 64) is None

@@ -153,3 +153,31 @@ def test_invariant_custom_ops():
         fl = torch.empty(2, dtype=torch.int32)
         got = torch.ops.flashrt.gqa_attention(fq, fk, fk, fl, fl, None, None, None, "triton", True)
         assert got.shape == fq.shape
+
+
+def test_invariant_tma_loads_give_the_pointer_loads_bits():
+    """The committed blocks through tensor descriptors (``TMA``, the default where the pool is
+    packed) give the pointer loads' bits; stale slots hold NaN."""
+    from flashrt_kernels.attention.gqa_kernels import kv_descriptors
+    from flashrt_kernels.attention.invariant_kernels import launch_invariant
+
+    hq, hkv, d, q_max, cap = 8, 2, 64, 10, 1200
+    cl, ql = _lens(600, 1100, 40), _lens(10, 1, 7)
+    q = make_values("normal", (3, q_max, hq, d), BF16, 1, DEV)
+    k = make_values("normal", (3, cap, hkv, d), BF16, 2, DEV)
+    v = make_values("normal", (3, cap, hkv, d), BF16, 3, DEV)
+    for b in range(3):
+        k[b, int(cl[b] + ql[b]) :] = float("nan")
+        v[b, int(cl[b] + ql[b]) :] = float("nan")
+    mask = torch.stack([random_tree_mask(q_max, 4, s) for s in range(3)]).to(DEV)
+    assert kv_descriptors(k, v, invariant_geometry()["BLOCK_N"]) is not None
+    outs = []
+    for cfg in (None, {"TMA": False}):
+        out = torch.full((3, q_max, hq, d), float("nan"), dtype=BF16, device=DEV)
+        ws = torch.empty(workspace_numel(3, q_max, hq, hkv, d, cap, query_invariant=True),
+                         device=DEV)  # fmt: skip
+        launch_invariant(q, k, v, out, cl, ql, cache_rows=None, mask=mask.view(torch.uint8),
+                         mask_mode=1, workspace=ws, scale=d**-0.5, config=cfg)  # fmt: skip
+        outs.append(out)
+    assert not outs[0][0].isnan().any()
+    assert_exact(outs[0], outs[1], what="TMA-loaded invariant tiles vs pointer loads")

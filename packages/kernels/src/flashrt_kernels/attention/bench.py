@@ -276,6 +276,7 @@ TREE_SWEEP = (
 )
 INVARIANT_SWEEP = (
     {},
+    {"TMA": False},
     {"SPLIT_KEYS": 256},
     {"SPLIT_KEYS": 1024},
     {"num_stages": 3},
@@ -315,14 +316,12 @@ def invariant_sweep(quick: bool = False) -> list[dict]:
 
 STEP_SWEEP = (
     {},
-    {"WIDE_KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},  # the geometry of 2026-12-06 (first)
-    {"WIDE_KEYS_PER_ROW": 4},
-    {"QUERY_CHUNK_FLOOR": 2048},
-    {"QUERY_CHUNK_FLOOR": 512},
-    {"WIDE_KEYS_PER_ROW": 16},
+    {"wide": {"TMA": False}},  # pointer loads for every block (before 2026-12-06's third change)
     {"wide": {"BLOCK_M": 128, "num_warps": 8}},
-    {"wide": {"LAZY_RESCALE": 8}},
-    {"wide": {"LAZY_RESCALE": 8, "BLOCK_M": 128, "num_warps": 8}},
+    {"wide": {"num_stages": 4}},
+    {"wide": {"BLOCK_N": 128}},
+    {"wide": {"num_stages": 2}},
+    {"WIDE_KEYS_PER_ROW": 16},
 )
 # A replay step of the ActiveVLN engine at B = 8 (Qwen2.5-VL-3B: 16/2 heads, d = 128): two rows
 # start a frame (150 causal queries: image and prompt tokens), six verify a grammar tree of 14

@@ -82,24 +82,27 @@ def _row_chunk(total, q_len, G: tl.constexpr, NARROW: tl.constexpr, MIN_CHUNK: t
 def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
                   m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
                   BLOCK_N: tl.constexpr, MASK_MODE: tl.constexpr, MASKED: tl.constexpr,
-                  UPCAST: tl.constexpr, ALIGN: tl.constexpr,
-                  LAZY_RESCALE: tl.constexpr = 0):  # fmt: skip
+                  UPCAST: tl.constexpr, ALIGN: tl.constexpr, k_desc=None, v_desc=None,
+                  desc_row=0, desc_col=0, TMA: tl.constexpr = False):  # fmt: skip
     """One K/V block of the online softmax. ``MASKED``: the block may hold new tokens or end past
     the extent (loads bounded by ``end``, the causal / ancestor mask applied); otherwise every key
-    is a committed one below ``end``, visible to every query. ``LAZY_RESCALE`` (> 0): the tile
-    keeps its running maxima, and skips rescaling the accumulator, until a row's block maximum
-    passes its running one by more than that (log2 units): probabilities stay below
-    ``2**LAZY_RESCALE`` (their relative rounding is unchanged, and the sums are fp32)."""
+    is a committed one below ``end``, visible to every query.
+    ``TMA`` (unmasked blocks only): K and V come through tensor descriptors over the pool's
+    ``[slots, kv_heads * d]`` view, block ``(desc_row + n0, desc_col)``: the same values."""
     pos = n0 + tl.arange(0, BLOCK_N)
     kv_ok = pos < end
-    if MASKED:
-        ld = kv_ok[:, None] & d_ok[None, :]
+    if TMA and not MASKED:
+        k = k_desc.load([desc_row + n0, desc_col])
+        v = v_desc.load([desc_row + n0, desc_col])
     else:
-        ld = d_ok[None, :]
-    k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
-    v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
-    k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=ld, other=0.0)
-    v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=ld, other=0.0)
+        if MASKED:
+            ld = kv_ok[:, None] & d_ok[None, :]
+        else:
+            ld = d_ok[None, :]
+        k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
+        v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
+        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=ld, other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=ld, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
     s = tl.dot(q, tl.trans(k)) * qk_scale
@@ -118,20 +121,6 @@ def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mas
             visible = visible & ((j[None, :] < 0) | seen)
         s = tl.where(visible, s, float("-inf"))
     m_blk = tl.max(s, 1)
-    if LAZY_RESCALE > 0:
-        if tl.max((m_blk > m_i + LAZY_RESCALE).to(tl.int32), 0) > 0:
-            m_new = tl.maximum(m_i, m_blk)
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
-        if UPCAST:
-            p_lo = p_lo.to(tl.float32)
-            v = v.to(tl.float32)
-        return m_i, l_i, tl.dot(p_lo, v, acc)
     m_new = tl.maximum(m_i, m_blk)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
@@ -154,7 +143,7 @@ def _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST: tl.constexpr):
 
 @triton.jit
 def gqa_tile_kernel(
-    Q, K, V, Out, Opart, Mpart, Lpart,
+    Q, K, V, KDesc, VDesc, Out, Opart, Mpart, Lpart,
     CacheLens, QLens, QStarts, Rows, Mask,
     stride_qb, stride_qt, stride_qh,
     stride_kr, stride_kn, stride_kh,
@@ -169,7 +158,7 @@ def gqa_tile_kernel(
     KEYS_PER_ROW: tl.constexpr, WIDE_KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr,
     QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     ALIGN: tl.constexpr,
-    PDL: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr = 0,
+    PDL: tl.constexpr, ONE_LOOP: tl.constexpr, TMA: tl.constexpr = False,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max].
     PACKED: queries and outputs are token-major ``[T, H, d]`` and row ``b`` owns tokens
@@ -179,7 +168,10 @@ def gqa_tile_kernel(
     once (it is scheduled when the grid's last wave is resident; it waits for this grid's
     completion before it reads).
     ONE_LOOP: every key block goes through the masked loop (one software pipeline per program
-    instead of an unmasked and a masked one)."""
+    instead of an unmasked and a masked one).
+    TMA: the unmasked blocks (committed keys, all below the extent) load through the tensor
+    descriptors ``KDesc`` / ``VDesc`` over ``[rows * capacity, kv_heads * HEAD_DIM]`` (otherwise
+    they are ``K`` / ``V`` again, unused); masked blocks keep bounded pointer loads."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
@@ -254,17 +246,19 @@ def gqa_tile_kernel(
             mid = start
         else:
             mid = start + tl.maximum(tl.minimum(end, cache_len) - start, 0) // BLOCK_N * BLOCK_N
+        desc_row = (row * capacity).to(tl.int32)
         for n0 in range(start, mid, BLOCK_N):
             m_i, l_i, acc = _attend_block(
                 q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
                 m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
-                BLOCK_N, MASK_MODE, False, UPCAST, ALIGN, LAZY_RESCALE,
+                BLOCK_N, MASK_MODE, False, UPCAST, ALIGN, KDesc, VDesc, desc_row,
+                h * HEAD_DIM, TMA,
             )  # fmt: skip
         for n0 in range(mid, end, TAIL_N):
             m_i, l_i, acc = _attend_block(
                 q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
                 m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
-                TAIL_N, MASK_MODE, True, UPCAST, ALIGN, LAZY_RESCALE,
+                TAIL_N, MASK_MODE, True, UPCAST, ALIGN,
             )  # fmt: skip
         if SPLIT:
             if n_splits == 1:
@@ -339,6 +333,25 @@ def split_combine_kernel(
                      mask=d < HEAD_DIM)  # fmt: skip
 
 
+def kv_descriptors(k_cache, v_cache, block_n: int):
+    """Tensor descriptors for the tiles' committed K/V blocks: each pool viewed as
+    ``[rows * capacity, kv_heads * d]``, blocks of ``[block_n, d]``. ``None`` where a pool does
+    not have that view (positions, heads and dims not packed in that order) or the head dim is
+    not a power of two."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    descs = []
+    for cache in (k_cache, v_cache):
+        rows, cap, hkv, d = cache.shape
+        packed = cache.stride()[1:] == (hkv * d, d, 1) and cache.stride(0) == cap * hkv * d
+        if not packed or d != triton.next_power_of_2(d) or d * cache.element_size() < 16:
+            return None
+        if cache.data_ptr() % 16:
+            return None
+        descs.append(TensorDescriptor(cache, [rows * cap, hkv * d], [hkv * d, 1], [block_n, d]))
+    return descs
+
+
 def launch_gqa_tiles(
     q, k_cache, v_cache, out, cache_lens, q_lens, *, q_starts, cache_rows, mask, mask_mode,
     q_max, split, workspace, scale, config=None,
@@ -384,8 +397,10 @@ def launch_gqa_tiles(
     pdl = split and cfg["PDL"] and pdl_supported(q.device)
     for name, row_class, n_splits, n_tiles in launches:
         tiles = cfg[name]
+        descs = kv_descriptors(k_cache, v_cache, tiles["BLOCK_N"]) if tiles.get("TMA") else None
+        k_desc, v_desc = descs or (k_cache, v_cache)
         gqa_tile_kernel[(n_tiles, n_splits, bsz * hkv)](
-            q, k_cache, v_cache, out, opart, mpart, lpart,
+            q, k_cache, v_cache, k_desc, v_desc, out, opart, mpart, lpart,
             cache_lens, q_lens if q_lens is not None else cache_lens,
             q_starts if packed else cache_lens,
             cache_rows if cache_rows is not None else cache_lens, mask_arg,
@@ -399,7 +414,7 @@ def launch_gqa_tiles(
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
             HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
             NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, ONE_LOOP=tiles.get("ONE_LOOP", False),
-            LAZY_RESCALE=tiles.get("LAZY_RESCALE", 0),
+            TMA=descs is not None,
             **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )  # fmt: skip

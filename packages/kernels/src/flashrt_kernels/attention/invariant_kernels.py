@@ -46,7 +46,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to
+from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to, kv_descriptors
 from flashrt_kernels.attention.splits import invariant_geometry, vector_align
 from flashrt_kernels.backends import triton_interpreter_active
 
@@ -162,7 +162,7 @@ def _node_slots(pos, cache_len, bits_r, end_r, nd, c, capacity, MASK_MODE: tl.co
 
 @triton.jit
 def gqa_invariant_kernel(
-    Q, K, V, Out, Opart, Mpart, Lpart, CacheLens, QLens, Rows, Mask,
+    Q, K, V, KDesc, VDesc, Out, Opart, Mpart, Lpart, CacheLens, QLens, Rows, Mask,
     stride_qb, stride_qt, stride_qh,
     stride_kr, stride_kn, stride_kh,
     stride_vr, stride_vn, stride_vh,
@@ -172,10 +172,13 @@ def gqa_invariant_kernel(
     HEAD_DIM: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, NODES: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):  # fmt: skip
     """One program: ``NODES`` nodes (``ROWS`` tile rows each: the node's ``G`` query heads) x one
     KV head x one split of ``SPLIT_KEYS`` logical keys. MASK_MODE: 0 causal, 1 bool/uint8
-    ``[B, q_max, q_max]``, 2 bit rows int64 ``[B, q_max]``."""
+    ``[B, q_max, q_max]``, 2 bit rows int64 ``[B, q_max]``. TMA: the committed blocks load
+    through the tensor descriptors ``KDesc`` / ``VDesc`` (``gqa_kernels.kv_descriptors``; the
+    same values), else ``KDesc`` / ``VDesc`` are ``K`` / ``V`` again, unused."""
     grp = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2)
@@ -215,12 +218,17 @@ def gqa_invariant_kernel(
         acc = tl.zeros([NODES * ROWS, BLOCK_D], tl.float32)
         # committed blocks: the same keys for every node, loaded once
         mid = start + tl.maximum(tl.minimum(end, cache_len) - start, 0) // BLOCK_N * BLOCK_N
+        desc_row = (row * capacity).to(tl.int32)
         for n0 in range(start, mid, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
-            k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
-            v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
-            k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
+            if TMA:
+                k = KDesc.load([desc_row + n0, h * HEAD_DIM])
+                v = VDesc.load([desc_row + n0, h * HEAD_DIM])
+            else:
+                k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
+                v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
+                k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
+                v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
             if UPCAST:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -341,8 +349,10 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
     smb = mask.stride(0) if mask is not None else 0
     smi = mask.stride(1) if mask is not None else 0
     rows, nodes = tile_layout(group, cfg["BLOCK_M"])
+    descs = kv_descriptors(k_cache, v_cache, cfg["BLOCK_N"]) if cfg["TMA"] else None
+    k_desc, v_desc = descs or (k_cache, v_cache)
     gqa_invariant_kernel[(triton.cdiv(q_max, nodes), max_splits, bsz * hkv)](
-        q, k_cache, v_cache, out, opart, mpart, lpart, cache_lens, q_lens,
+        q, k_cache, v_cache, k_desc, v_desc, out, opart, mpart, lpart, cache_lens, q_lens,
         cache_rows if cache_rows is not None else cache_lens, mask_arg,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -351,7 +361,7 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
         cap, q_max, max_splits, hkv, scale * LOG2E,
         HEAD_DIM=d, G=group, ROWS=rows, NODES=nodes, BLOCK_N=cfg["BLOCK_N"],
         SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
-        HAS_ROWS=cache_rows is not None, UPCAST=upcast, ALIGN=align,
+        HAS_ROWS=cache_rows is not None, UPCAST=upcast, ALIGN=align, TMA=descs is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False,
     )  # fmt: skip
     invariant_combine_kernel[(q_max, bsz, hq)](

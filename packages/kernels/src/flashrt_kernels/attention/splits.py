@@ -27,7 +27,10 @@ NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ONE_LO
 # 64-row wide tiles with 4 warps beat 128 rows with 8 warps on the H200 (90 vs 118 us, 24-node
 # trees at L=8k); 3 stages beat 2 on an H100 with the separate combine (trees 1.14x, replay-shaped
 # steps 1.07-1.13x; docs/kernels/attention.md, 2026-12-06)
-WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+# TMA: committed (unmasked) K/V blocks load through tensor descriptors where the pool allows it
+# (``gqa_kernels.kv_descriptors``): no per-element addresses, so the wide tile stops spilling
+# (ptxas sm_90a, offline).
+WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": True}
 PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # Split rule: at least MIN_CHUNK keys, at most TARGET splits, at least KEYS_PER_ROW keys per tile
 # row (bounds the partial traffic: KEYS_PER_ROW / 4 times the K/V bytes of the split at d=128).
@@ -54,7 +57,9 @@ LAUNCH = {"PDL": True}
 MAX_DOUBLINGS = 20
 # Query-invariant mode: one geometry for every query (constants of the contract: the bits depend
 # on all of them).
-INVARIANT = {"SPLIT_KEYS": 512, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# (TMA: committed blocks through tensor descriptors where the pool allows; the same bits.)
+INVARIANT = {"SPLIT_KEYS": 512, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
+             "TMA": True}  # fmt: skip
 
 
 def geometry(config: dict | None = None, kv_heads: int | None = None) -> dict:
