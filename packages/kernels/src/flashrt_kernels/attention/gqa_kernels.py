@@ -48,7 +48,7 @@ RTOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-1
 LOG2E = 1.4426950408889634
 # Scores per masked block (the blocks holding new tokens): their per-score mask loads and pointers
 # spill the registers of a 64-row tile at 64 keys (ptxas, triton 3.6), so wide tiles take them 32
-# keys at a time.
+# keys at a time (a tile key of the same name overrides it, for sweeps).
 MASKED_ELEMENTS = 2048
 
 
@@ -410,7 +410,8 @@ def launch_gqa_tiles(
             sob, sot, soh, smb, smi,
             cap, slots, hkv, scale * LOG2E,
             HEAD_DIM=d, G=group, BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"],
-            TAIL_N=min(tiles["BLOCK_N"], max(16, MASKED_ELEMENTS // tiles["BLOCK_M"])),
+            TAIL_N=min(tiles["BLOCK_N"],
+                       max(16, tiles.get("MASKED_ELEMENTS", MASKED_ELEMENTS) // tiles["BLOCK_M"])),
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
             HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
             NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, ONE_LOOP=tiles.get("ONE_LOOP", False),
