@@ -322,7 +322,6 @@ STEP_SWEEP = (
     {"wide": {"BLOCK_N": 128}},
     {"wide": {"num_stages": 2}},
     {"WIDE_KEYS_PER_ROW": 16},
-    {"wide": {"MASKED_ELEMENTS": 4096}},
     {"wide": {"MASKED_ELEMENTS": 1024}},
 )
 # A replay step of the ActiveVLN engine at B = 8 (Qwen2.5-VL-3B: 16/2 heads, d = 128): two rows
