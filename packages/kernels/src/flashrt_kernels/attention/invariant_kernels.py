@@ -24,10 +24,11 @@ How:
   (checked bit for bit on the H200). Under the interpreter the dots are broadcast products
   summed in order (``_mma``), for the same reason: numpy's matmul rounds a row differently at
   another offset modulo 16.
-- Committed blocks (every key below ``cache_len``) load K/V once for the tile. So do the causal
-  mode's blocks reaching the new nodes (a node's logical positions are its slots there: each
-  row's scores past its own extent are -inf, loads stop at the tile's extent). Under a tree mask
-  blocks reaching the new nodes take one step per live node ``c``: K and V gathered from node
+- Committed blocks (every key below ``cache_len``) load K/V once for the tile. With
+  ``CAUSAL_TILE_STEPS`` (a candidate, off by default) so do the causal mode's blocks reaching the
+  new nodes (a node's logical positions are its slots there: each row's scores past its own
+  extent are -inf, loads stop at the tile's extent). Otherwise blocks reaching the new nodes take
+  one step per live node ``c``: K and V gathered from node
   ``c``'s own slots (logical ``pos`` -> ``cache_len + select(bits, pos - cache_len)``, the index
   of a set bit: integer arithmetic), the same ``[64, d] x [d, 64]`` QK dot and online-softmax step and PV dot
   as a committed block, with -inf scores on every row but node ``c``'s; so a row sees exactly
@@ -164,14 +165,17 @@ def _block_step(q, k, v, pos, end_r, m_i, l_i, acc, qk_scale, dtype: tl.constexp
 
 
 @triton.jit
-def _node_slots(pos, cache_len, bits_r, end_r, nd, c, capacity):
-    """Slots of tree node ``c``'s logical positions ``pos`` and which of them it reads."""
+def _node_slots(pos, cache_len, bits_r, end_r, nd, c, capacity, MASK_MODE: tl.constexpr):
+    """Slots of node ``c``'s logical positions ``pos`` and which of them it reads."""
     pick = nd == c
     end_c = tl.max(tl.where(pick, end_r, 0), 0)
-    # every row of node c holds its bits; min, not max: bit 63 makes them negative
-    bits_c = tl.min(tl.where(pick, bits_r, 0x7FFFFFFFFFFFFFFF), 0)
-    t = pos - cache_len
-    slot = tl.where(t < 0, pos, cache_len + _select_bit(bits_c, tl.maximum(t, 0)))
+    if MASK_MODE == 0:
+        slot = pos
+    else:
+        # every row of node c holds its bits; min, not max: bit 63 makes them negative
+        bits_c = tl.min(tl.where(pick, bits_r, 0x7FFFFFFFFFFFFFFF), 0)
+        t = pos - cache_len
+        slot = tl.where(t < 0, pos, cache_len + _select_bit(bits_c, tl.maximum(t, 0)))
     return slot, (pos < end_c) & (slot < capacity)
 
 
@@ -187,13 +191,15 @@ def gqa_invariant_kernel(
     HEAD_DIM: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, NODES: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, CAUSAL_TILE_STEPS: tl.constexpr = False,
 ):  # fmt: skip
     """One program: ``NODES`` nodes (``ROWS`` tile rows each: the node's ``G`` query heads) x one
     KV head x one split of ``SPLIT_KEYS`` logical keys. MASK_MODE: 0 causal, 1 bool/uint8
     ``[B, q_max, q_max]``, 2 bit rows int64 ``[B, q_max]``. TMA: the committed blocks load
     through the tensor descriptors ``KDesc`` / ``VDesc`` (``gqa_kernels.kv_descriptors``; the
-    same values), else ``KDesc`` / ``VDesc`` are ``K`` / ``V`` again, unused."""
+    same values), else ``KDesc`` / ``VDesc`` are ``K`` / ``V`` again, unused. CAUSAL_TILE_STEPS
+    (causal mode): the blocks reaching the new nodes take one step for the whole tile instead of
+    one per node (the same bits; a candidate, off until measured on a GPU)."""
     grp = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2)
@@ -246,11 +252,12 @@ def gqa_invariant_kernel(
                 v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
             m_i, l_i, acc = _block_step(q, k, v, pos, end_r, m_i, l_i, acc, qk_scale,
                                         v_base.dtype.element_ty, UPCAST)  # fmt: skip
-        if MASK_MODE == 0:
+        if (MASK_MODE == 0) and CAUSAL_TILE_STEPS:
             # causal: node c's logical positions are its slots, so every node of the tile takes
             # its step on the same keys at once (loads bounded by the tile's extent; each row's
-            # scores past its own extent -inf): the step the per-node loop below gives it
-            for n0 in range(mid, end, BLOCK_N):
+            # scores past its own extent -inf): the step the per-node loop below gives it. Not
+            # software-pipelined, as that loop (a second pipeline's buffers: not measured)
+            for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
                 pos = n0 + tl.arange(0, BLOCK_N)
                 ok = (pos < end) & (pos < capacity)
                 k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
@@ -271,7 +278,8 @@ def gqa_invariant_kernel(
             for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
                 pos = n0 + tl.arange(0, BLOCK_N)
                 for c in tl.range(0, n_live, num_stages=1):
-                    slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity)
+                    slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity,
+                                           MASK_MODE)  # fmt: skip
                     k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
                     v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
                     k = tl.load(k_base + k_rows[:, None] + d[None, :],
@@ -389,6 +397,7 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
         HEAD_DIM=d, G=group, ROWS=rows, NODES=nodes, BLOCK_N=cfg["BLOCK_N"],
         SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
         HAS_ROWS=cache_rows is not None, UPCAST=upcast, ALIGN=align, TMA=descs is not None,
+        CAUSAL_TILE_STEPS=cfg["CAUSAL_TILE_STEPS"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False,
     )  # fmt: skip
     invariant_combine_kernel[(q_max, bsz, hq)](
