@@ -221,6 +221,18 @@ def _invariant_rows(quick, config=None):
                              "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
                              "floor_frac": fl / t})  # fmt: skip
                 del sets
+    # a frame's prefill in the lossless replay: a causal chain of new tokens over the context
+    # (no SDPA column: its causal mask would be aligned to the top left)
+    for length in () if quick else (2048, 8192):
+        sets, cl, ql, nbytes = _decode_sets(2, length, 450, hq, hkv, False, invariant=True)
+        t = _ours_decode(sets, cl, ql, config, invariant=True)
+        tile = {**(config or {}), "CAUSAL_TILE_STEPS": True}
+        t_tile = _ours_decode(sets, cl, ql, tile, invariant=True)
+        t_default = _ours_decode(sets, cl, ql)
+        rows.append({"case": "invariant causal chain 450", "heads": f"{hq}/{hkv}", "B": 2,
+                     "L": length, "ours_us": t, "tile_steps_us": t_tile, "default_us": t_default,
+                     "over_default": t / t_default, "floor_us": floor_us(nbytes)})  # fmt: skip
+        del sets
     return rows
 
 

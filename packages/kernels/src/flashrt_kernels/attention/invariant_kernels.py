@@ -24,10 +24,13 @@ How:
   (checked bit for bit on the H200). Under the interpreter the dots are broadcast products
   summed in order (``_mma``), for the same reason: numpy's matmul rounds a row differently at
   another offset modulo 16.
-- Committed blocks (every key below ``cache_len``) load K/V once for the tile. Blocks reaching
-  the new nodes take one step per live node ``c``: K and V gathered from node ``c``'s own slots
-  (logical ``pos`` -> ``cache_len + select(bits, pos - cache_len)``, the index of a set bit:
-  integer arithmetic), the same ``[64, d] x [d, 64]`` QK dot and online-softmax step and PV dot
+- Committed blocks (every key below ``cache_len``) load K/V once for the tile. With
+  ``CAUSAL_TILE_STEPS`` (a candidate, off by default) so do the causal mode's blocks reaching the
+  new nodes (a node's logical positions are its slots there: each row's scores past its own
+  extent are -inf, loads stop at the tile's extent). Otherwise blocks reaching the new nodes take
+  one step per live node ``c``: K and V gathered from node
+  ``c``'s own slots (logical ``pos`` -> ``cache_len + select(bits, pos - cache_len)``, the index
+  of a set bit: integer arithmetic), the same ``[64, d] x [d, 64]`` QK dot and online-softmax step and PV dot
   as a committed block, with -inf scores on every row but node ``c``'s; so a row sees exactly
   the step it would see in a committed block, and the other nodes' steps are exact identities
   for it (m kept, alpha = 1, p = 0: the PV dot adds zeros). Nodes past ``q_len`` are skipped.
@@ -146,6 +149,22 @@ def _softmax_step(s, pos, end_r, m_i, l_i):
 
 
 @triton.jit
+def _block_step(q, k, v, pos, end_r, m_i, l_i, acc, qk_scale, dtype: tl.constexpr,
+                UPCAST: tl.constexpr):  # fmt: skip
+    """One key block's online-softmax step for every row of the tile (scores past each row's
+    extent -inf; probabilities rounded to the K/V dtype for the PV product)."""
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = _mma(q, tl.trans(k), None, UPCAST) * qk_scale
+    p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
+    p_lo = _round_to(p, dtype, UPCAST)
+    if UPCAST:
+        p_lo = p_lo.to(tl.float32)
+    return m_i, l_i, _mma(p_lo, v, acc * alpha[:, None], UPCAST)
+
+
+@triton.jit
 def _node_slots(pos, cache_len, bits_r, end_r, nd, c, capacity, MASK_MODE: tl.constexpr):
     """Slots of node ``c``'s logical positions ``pos`` and which of them it reads."""
     pick = nd == c
@@ -172,13 +191,15 @@ def gqa_invariant_kernel(
     HEAD_DIM: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, NODES: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, CAUSAL_TILE_STEPS: tl.constexpr = False,
 ):  # fmt: skip
     """One program: ``NODES`` nodes (``ROWS`` tile rows each: the node's ``G`` query heads) x one
     KV head x one split of ``SPLIT_KEYS`` logical keys. MASK_MODE: 0 causal, 1 bool/uint8
     ``[B, q_max, q_max]``, 2 bit rows int64 ``[B, q_max]``. TMA: the committed blocks load
     through the tensor descriptors ``KDesc`` / ``VDesc`` (``gqa_kernels.kv_descriptors``; the
-    same values), else ``KDesc`` / ``VDesc`` are ``K`` / ``V`` again, unused."""
+    same values), else ``KDesc`` / ``VDesc`` are ``K`` / ``V`` again, unused. CAUSAL_TILE_STEPS
+    (causal mode): the blocks reaching the new nodes take one step for the whole tile instead of
+    one per node (the same bits; a candidate, off until measured on a GPU)."""
     grp = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2)
@@ -229,40 +250,54 @@ def gqa_invariant_kernel(
                 v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
                 k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
                 v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=d_ok[None, :], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            s = _mma(q, tl.trans(k), None, UPCAST) * qk_scale
-            p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
-            p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
-            if UPCAST:
-                p_lo = p_lo.to(tl.float32)
-            acc = _mma(p_lo, v, acc * alpha[:, None], UPCAST)
-        # blocks reaching the new nodes, one node at a time: node c's rows take the committed
-        # block's step against node c's own slots (zero past its extent); the other rows see
-        # -inf scores, an exact identity (m kept, alpha = 1, p = 0: their PV adds exact zeros),
-        # as do rows whose extent ends before the block. K and V of a node load together; the
-        # loop is not software-pipelined (shared memory) nor unrolled (registers).
-        for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            for c in tl.range(0, n_live, num_stages=1):
-                slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity, MASK_MODE)
-                k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
-                v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
+            m_i, l_i, acc = _block_step(q, k, v, pos, end_r, m_i, l_i, acc, qk_scale,
+                                        v_base.dtype.element_ty, UPCAST)  # fmt: skip
+        if (MASK_MODE == 0) and CAUSAL_TILE_STEPS:
+            # causal: node c's logical positions are its slots, so every node of the tile takes
+            # its step on the same keys at once (loads bounded by the tile's extent; each row's
+            # scores past its own extent -inf): the step the per-node loop below gives it. Not
+            # software-pipelined, as that loop (a second pipeline's buffers: not measured)
+            for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
+                pos = n0 + tl.arange(0, BLOCK_N)
+                ok = (pos < end) & (pos < capacity)
+                k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
+                v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
                 k = tl.load(k_base + k_rows[:, None] + d[None, :],
                             mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
                 v = tl.load(v_base + v_rows[:, None] + d[None, :],
                             mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-                if UPCAST:
-                    k = k.to(tl.float32)
-                    v = v.to(tl.float32)
-                s = _mma(q, tl.trans(k), None, UPCAST) * qk_scale
-                s = tl.where((nd == c)[:, None], s, float("-inf"))
-                p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
-                p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
-                if UPCAST:
-                    p_lo = p_lo.to(tl.float32)
-                acc = _mma(p_lo, v, acc * alpha[:, None], UPCAST)
+                m_i, l_i, acc = _block_step(q, k, v, pos, end_r, m_i, l_i, acc, qk_scale,
+                                            v_base.dtype.element_ty, UPCAST)  # fmt: skip
+        else:
+            # blocks reaching the new nodes, one node at a time: node c's rows take the
+            # committed block's step against node c's own slots (zero past its extent); the
+            # other rows see -inf scores, an exact identity (m kept, alpha = 1, p = 0: their PV
+            # adds exact zeros), as do rows whose extent ends before the block. K and V of a
+            # node load together; the loop is not software-pipelined (shared memory) nor
+            # unrolled (registers).
+            for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
+                pos = n0 + tl.arange(0, BLOCK_N)
+                for c in tl.range(0, n_live, num_stages=1):
+                    slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity,
+                                           MASK_MODE)  # fmt: skip
+                    k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
+                    v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
+                    k = tl.load(k_base + k_rows[:, None] + d[None, :],
+                                mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+                    v = tl.load(v_base + v_rows[:, None] + d[None, :],
+                                mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+                    # (``_block_step`` inline, with the other nodes' scores -inf: as a call with
+                    # their extents at 0 it spilled 1.3x the bytes, ptxas sm_90a offline)
+                    if UPCAST:
+                        k = k.to(tl.float32)
+                        v = v.to(tl.float32)
+                    s = _mma(q, tl.trans(k), None, UPCAST) * qk_scale
+                    s = tl.where((nd == c)[:, None], s, float("-inf"))
+                    p, alpha, m_i, l_i = _softmax_step(s, pos, end_r, m_i, l_i)
+                    p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)
+                    if UPCAST:
+                        p_lo = p_lo.to(tl.float32)
+                    acc = _mma(p_lo, v, acc * alpha[:, None], UPCAST)
         n_splits = (n_vis + SPLIT_KEYS - 1) // SPLIT_KEYS
         mine = r_ok & (start < n_vis)
         o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
@@ -362,6 +397,7 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
         HEAD_DIM=d, G=group, ROWS=rows, NODES=nodes, BLOCK_N=cfg["BLOCK_N"],
         SPLIT_KEYS=split_keys, BLOCK_D=block_d, MASK_MODE=mask_mode,
         HAS_ROWS=cache_rows is not None, UPCAST=upcast, ALIGN=align, TMA=descs is not None,
+        CAUSAL_TILE_STEPS=cfg["CAUSAL_TILE_STEPS"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False,
     )  # fmt: skip
     invariant_combine_kernel[(q_max, bsz, hq)](
