@@ -336,8 +336,8 @@ def split_combine_kernel(
 def kv_descriptors(k_cache, v_cache, block_n: int):
     """Tensor descriptors for the tiles' committed K/V blocks: each pool viewed as
     ``[rows * capacity, kv_heads * d]``, blocks of ``[block_n, d]``. ``None`` where a pool does
-    not have that view (positions, heads and dims not packed in that order) or the head dim is
-    not a power of two."""
+    not have that view (positions, heads and dims not packed in that order, a base not 16-byte
+    aligned, 2^31 positions or more) or the head dim is not a power of two."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     descs = []
@@ -346,7 +346,7 @@ def kv_descriptors(k_cache, v_cache, block_n: int):
         packed = cache.stride()[1:] == (hkv * d, d, 1) and cache.stride(0) == cap * hkv * d
         if not packed or d != triton.next_power_of_2(d) or d * cache.element_size() < 16:
             return None
-        if cache.data_ptr() % 16:
+        if cache.data_ptr() % 16 or rows * cap >= 2**31:  # (block rows are int32 coordinates)
             return None
         descs.append(TensorDescriptor(cache, [rows * cap, hkv * d], [hkv * d, 1], [block_n, d]))
     return descs
