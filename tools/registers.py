@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Registers and spills of the attention kernels' real launches, compiled for sm_90a without a GPU.
+
+    uv run python tools/registers.py [--ptxas PATH]
+
+Each case calls a launcher with CPU tensors of real shapes; a stand-in driver (Hopper target)
+makes every Triton launch compile only, with the launch's own specialization (the divisibility
+attributes of its pointers and strides: a hand-written signature without them compiles another
+kernel, one that spilled where the real one does not). ptxas (Triton's own, or ``--ptxas``) then
+reports each compiled kernel. The numbers are this machine's Triton and ptxas, not necessarily a
+GPU machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import subprocess
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver, jit
+
+BF16 = torch.bfloat16
+
+
+class _CompileOnlyDriver:
+    """Enough of Triton's active driver for the JIT to compile for sm_90 without a device."""
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+COMPILED: list[tuple[str, object]] = []
+
+
+def _install() -> None:
+    run = jit.JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        COMPILED.append((self.fn.__name__, kernel))
+        return kernel
+
+    jit.JITFunction.run = compile_only
+    driver.set_active(_CompileOnlyDriver())
+    from flashrt_kernels import backends
+
+    backends.backend_runs_on = lambda backend, device: backend in ("triton", "reference")
+
+
+def _ptxas_report(ptx: str, ptxas: str) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx.replace(".target sm_90\n", ".target sm_90a\n"))
+    res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                         capture_output=True, text=True)  # fmt: skip
+    os.unlink(f.name)
+    lines = [ln.split("info    : ")[-1].strip() for ln in res.stderr.splitlines()]
+    regs = next((ln for ln in lines if "registers" in ln), "?")
+    spill = next((ln for ln in lines if "spill" in ln), "?")
+    return f"{regs.split(',')[0]}; {spill}"
+
+
+def _empty(*shape, dtype=BF16):
+    return torch.empty(*shape, dtype=dtype)
+
+
+def _gqa_step(config):
+    """A replay-shaped step (B = 8, 150 queries, 16/2 heads, d = 128) under ``config``."""
+    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+    from flashrt_kernels.attention.splits import workspace_numel
+
+    bsz, q_max, hq, hkv, d, cap = 8, 150, 16, 2, 128, 8200
+    lens = torch.zeros(bsz, dtype=torch.int32)
+    k = _empty(bsz, cap, hkv, d)
+    for mode, mask in ((0, None), (1, torch.zeros(bsz, q_max, q_max, dtype=torch.uint8))):
+        launch_gqa_tiles(_empty(bsz, q_max, hq, d), k, k, _empty(bsz, q_max, hq, d), lens, lens,
+                         q_starts=None, cache_rows=None, mask=mask, mask_mode=mode, q_max=q_max,
+                         split=True, scale=0.1, config=config,
+                         workspace=torch.empty(workspace_numel(bsz, q_max, hq, hkv, d, cap)))  # fmt: skip
+
+
+def _invariant(config):
+    """Query-invariant launches: a 450-token causal chain, then a 24-node tree."""
+    from flashrt_kernels.attention import splits
+    from flashrt_kernels.attention.decode import gqa_attention
+
+    old = dict(splits.INVARIANT)
+    splits.INVARIANT.update(config)
+    try:
+        lens = torch.zeros(8, dtype=torch.int32)
+        k = _empty(8, 8300, 2, 128)
+        gqa_attention(_empty(2, 450, 16, 128), k[:2], k[:2], lens[:2], lens[:2],
+                      query_invariant=True)  # fmt: skip
+        gqa_attention(_empty(8, 24, 16, 128), k, k, lens, lens, query_invariant=True,
+                      tree_mask=torch.zeros(8, 24, 24, dtype=torch.bool))  # fmt: skip
+    finally:
+        splits.INVARIANT.clear()
+        splits.INVARIANT.update(old)
+
+
+def _segmented(d, seg):
+    from flashrt_kernels.attention import segmented_attention
+
+    n = 16 * seg
+    x = _empty(n, 16, d)
+    segmented_attention(x, x, x, torch.arange(0, n + 1, seg, dtype=torch.int32), seg)
+
+
+CASES = {
+    "gqa step (narrow, wide; causal, bool mask)": lambda: _gqa_step(None),
+    "gqa step, wide tiles with pointer loads": lambda: _gqa_step({"wide": {"TMA": False}}),
+    "invariant (causal chain, tree)": lambda: _invariant({}),
+    "invariant, causal tile steps": lambda: _invariant({"CAUSAL_TILE_STEPS": True}),
+    "segmented d = 72, 720-patch images": lambda: _segmented(72, 720),
+    "segmented d = 80, 64-patch windows": lambda: _segmented(80, 64),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ap.add_argument("--ptxas", default=sorted(glob.glob(os.path.join(nvbin, "ptxas*")))[-1])
+    args = ap.parse_args()
+    _install()
+    print("| case | kernel | registers; spills |\n|---|---|---|")
+    for name, case in CASES.items():
+        COMPILED.clear()
+        case()
+        for kernel_name, kernel in COMPILED:
+            print(f"| {name} | {kernel_name} | {_ptxas_report(kernel.asm['ptx'], args.ptxas)} |",
+                  flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
