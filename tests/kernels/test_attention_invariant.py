@@ -215,3 +215,22 @@ def test_causal_chain_equals_its_decode_steps(cache, chain, group):
     for full, how in zip(fulls, ("per node", "per tile"), strict=True):
         assert full.isfinite().all()
         assert_exact(full[0], steps[:, 0], what=f"causal chain ({how}) vs its decode steps")
+
+
+def test_invariant_bool_and_bit_masks_give_the_same_bits():
+    """The query-invariant mode under a tree mask as bool rows and as packed bit rows
+    (``pack_tree_mask``): the same visible sequences, so the same bits (the bit rows are the
+    launch that does not spill, ``tools/registers.py``)."""
+    from flashrt_kernels.attention import pack_tree_mask
+
+    hq, hkv, d, q_max, cap = 8, 2, 64, 24, 700
+    cl, ql = _lens(600, 37, 0), _lens(24, 11, 5)
+    q = make_values("normal", (3, q_max, hq, d), BF16, 21, DEV)
+    k = make_values("normal", (3, cap, hkv, d), BF16, 22, DEV)
+    v = make_values("normal", (3, cap, hkv, d), BF16, 23, DEV)
+    mask = torch.stack([random_tree_mask(q_max, 6, s) for s in range(3)]).to(DEV)
+    as_bool = gqa_attention(q, k, v, cl, ql, tree_mask=mask, backend="triton",
+                            query_invariant=True)  # fmt: skip
+    as_bits = gqa_attention(q, k, v, cl, ql, tree_mask=pack_tree_mask(mask), backend="triton",
+                            query_invariant=True)  # fmt: skip
+    assert_exact(as_bits, as_bool, what="bit-row mask vs bool mask")
