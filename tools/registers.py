@@ -3,10 +3,10 @@
 
     uv run python tools/registers.py [--ptxas PATH]
 
-Each case calls a launcher with CPU tensors of real shapes; a stand-in driver (Hopper target)
-makes every Triton launch compile only, with the launch's own specialization (the divisibility
-attributes of its pointers and strides: a hand-written signature without them compiles another
-kernel, one that spilled where the real one does not). ptxas (Triton's own, or ``--ptxas``) then
+Each case calls a launcher with CPU tensors of real shapes; ``flashrt_kernels.testing.
+compile_only`` makes every Triton launch compile only (Hopper target), with the launch's own
+specialization (the divisibility attributes of its pointers and strides: a hand-written signature
+without them compiles another kernel, one that spilled where the real one does not). ptxas (Triton's own, or ``--ptxas``) then
 reports each compiled kernel. The numbers are this machine's Triton and ptxas, not necessarily a
 GPU machine's.
 """
@@ -21,41 +21,10 @@ import tempfile
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver, jit
+
+from flashrt_kernels.testing import compile_only
 
 BF16 = torch.bfloat16
-
-
-class _CompileOnlyDriver:
-    """Enough of Triton's active driver for the JIT to compile for sm_90 without a device."""
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-
-COMPILED: list[tuple[str, object]] = []
-
-
-def _install() -> None:
-    run = jit.JITFunction.run
-
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        COMPILED.append((self.fn.__name__, kernel))
-        return kernel
-
-    jit.JITFunction.run = compile_only
-    driver.set_active(_CompileOnlyDriver())
-    from flashrt_kernels import backends
-
-    backends.backend_runs_on = lambda backend, device: backend in ("triton", "reference")
 
 
 def _ptxas_report(ptx: str, ptxas: str) -> str:
@@ -131,12 +100,12 @@ def main() -> None:
     nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     ap.add_argument("--ptxas", default=sorted(glob.glob(os.path.join(nvbin, "ptxas*")))[-1])
     args = ap.parse_args()
-    _install()
+    compile_only.install()
     print("| case | kernel | registers; spills |\n|---|---|---|")
     for name, case in CASES.items():
-        COMPILED.clear()
+        compile_only.COMPILED.clear()
         case()
-        for kernel_name, kernel in COMPILED:
+        for kernel_name, kernel in compile_only.COMPILED:
             print(f"| {name} | {kernel_name} | {_ptxas_report(kernel.asm['ptx'], args.ptxas)} |",
                   flush=True)  # fmt: skip
 

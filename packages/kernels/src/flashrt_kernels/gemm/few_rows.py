@@ -160,9 +160,13 @@ def _load_tiles(X, W, rows, cols, m, n_rows_w, k0, kk, k_len, stride_x, stride_w
                 mask=(rows < m)[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
     b = tl.load(W + cols[:, None] * stride_w + (k0 + ks)[None, :],
                 mask=(cols < n_rows_w)[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+    # one return: triton 3.9 type-checks every return of a function, the constexpr-dead ones too
     if UPCAST:
-        return to_f32(a), tl.trans(to_f32(b))
-    return a, tl.trans(b.to(tl.bfloat16))
+        a = to_f32(a)
+        b = to_f32(b)
+    else:
+        b = b.to(tl.bfloat16)
+    return a, tl.trans(b)
 
 
 @triton.jit

@@ -1,0 +1,32 @@
+"""The GPU code of every kernel compiles with the installed Triton (for sm_90, no GPU needed).
+
+CI runs the kernels through the interpreter, which never compiles their GPU branches (``UPCAST``
+off, native conversions, tensor descriptors as TMA): a frontend error there would only show on a
+GPU machine. This compiles the first small examples of every registered property in a process
+without the interpreter (``flashrt_kernels.testing.compile_only``)."""
+
+import os
+import subprocess
+import sys
+
+SCRIPT = """
+from flashrt_kernels.testing import compile_only
+compile_only.install()
+failures = compile_only.compile_properties()
+kernels = sorted({name for name, _ in compile_only.COMPILED})
+print("compiled:", ", ".join(kernels))
+for name, err in failures:
+    print("FAILED", name, err[:2000])
+"""
+
+
+def test_gpu_code_of_every_property_compiles():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                         env=env, timeout=1200)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "FAILED" not in res.stdout, res.stdout
+    compiled = res.stdout.split("compiled:")[1].splitlines()[0]
+    for kernel in ("gqa_tile_kernel", "gqa_invariant_kernel", "_few_rows_kernel", "_w4a8_kernel",
+                   "_fp8_linear_kernel", "_rms_norm_kernel", "segmented_attention_kernel"):  # fmt: skip
+        assert kernel in compiled, compiled
