@@ -149,6 +149,17 @@ def _softmax_step(s, pos, end_r, m_i, l_i):
 
 
 @triton.jit
+def _load_kv(k_base, v_base, slot, ok, d, d_ok, stride_kn, stride_vn, ALIGN: tl.constexpr):
+    """K and V rows at pool slots ``slot`` (zeros where not ``ok``)."""
+    k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
+    v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
+    ld = ok[:, None] & d_ok[None, :]
+    k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=ld, other=0.0)
+    v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=ld, other=0.0)
+    return k, v
+
+
+@triton.jit
 def _block_step(q, k, v, pos, end_r, m_i, l_i, acc, qk_scale, dtype: tl.constexpr,
                 UPCAST: tl.constexpr):  # fmt: skip
     """One key block's online-softmax step for every row of the tile (scores past each row's
@@ -260,12 +271,7 @@ def gqa_invariant_kernel(
             for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
                 pos = n0 + tl.arange(0, BLOCK_N)
                 ok = (pos < end) & (pos < capacity)
-                k_rows = tl.multiple_of(pos.to(tl.int64) * stride_kn, ALIGN)
-                v_rows = tl.multiple_of(pos.to(tl.int64) * stride_vn, ALIGN)
-                k = tl.load(k_base + k_rows[:, None] + d[None, :],
-                            mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-                v = tl.load(v_base + v_rows[:, None] + d[None, :],
-                            mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+                k, v = _load_kv(k_base, v_base, pos, ok, d, d_ok, stride_kn, stride_vn, ALIGN)
                 m_i, l_i, acc = _block_step(q, k, v, pos, end_r, m_i, l_i, acc, qk_scale,
                                             v_base.dtype.element_ty, UPCAST)  # fmt: skip
         else:
@@ -280,12 +286,8 @@ def gqa_invariant_kernel(
                 for c in tl.range(0, n_live, num_stages=1):
                     slot, ok = _node_slots(pos, cache_len, bits, end_r, nd, c, capacity,
                                            MASK_MODE)  # fmt: skip
-                    k_rows = tl.multiple_of(slot.to(tl.int64) * stride_kn, ALIGN)
-                    v_rows = tl.multiple_of(slot.to(tl.int64) * stride_vn, ALIGN)
-                    k = tl.load(k_base + k_rows[:, None] + d[None, :],
-                                mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-                    v = tl.load(v_base + v_rows[:, None] + d[None, :],
-                                mask=ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+                    k, v = _load_kv(k_base, v_base, slot, ok, d, d_ok, stride_kn, stride_vn,
+                                    ALIGN)  # fmt: skip
                     # (``_block_step`` inline, with the other nodes' scores -inf: as a call with
                     # their extents at 0 it spilled 264 bytes instead of 200, tools/registers.py)
                     if UPCAST:
