@@ -337,8 +337,12 @@ def kv_descriptors(k_cache, v_cache, block_n: int):
     """Tensor descriptors for the tiles' committed K/V blocks: each pool viewed as
     ``[rows * capacity, kv_heads * d]``, blocks of ``[block_n, d]``. ``None`` where a pool does
     not have that view (positions, heads and dims not packed in that order, a base not 16-byte
-    aligned, 2^31 positions or more) or the head dim is not a power of two."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
+    aligned, 2^31 positions or more) or the head dim is not a power of two, and with a Triton
+    that has no host-side descriptors (before 3.4: the package asks for 3.2 or later)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
 
     descs = []
     for cache in (k_cache, v_cache):
