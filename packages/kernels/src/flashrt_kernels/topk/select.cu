@@ -458,6 +458,8 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
     const bool long_row = len > short_max && kk > 0 && multi;
     const int cnt = long_row && (int)threadIdx.x < S ? __ldcg(&segcnt[b * S + threadIdx.x]) : 0;
     const int status = long_row ? __ldcg(&cr[C_STATUS]) : -1;
+    // the counting pass's thresholds and counts for the state (used where rounds > 0), early
+    const int tried = long_row && threadIdx.x < 16 ? __ldcg(&cr[C_TRIED + threadIdx.x]) : 0;
     u32 t = 0u, acc_key = 0u;
     int ties = 0, acc_count = len, rounds = 0;
     if (kk > 0 && status == -1) {  // the row in shared memory; digit pass 0 as it arrives
@@ -473,40 +475,61 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
         const u32 lo_key = (u32)d0 << pass_shift(0);
         if (few && compact_regions(keys, len, lo_key, ck, ci)) {
             SmemPairs src{ck, ci};
-            short_search(src, slots, lo_key, kk - above0, hist1, hist1 + HIST_BINS, scratch, &t,
-                         &ties);
+            smem_search(src, slots, 1, lo_key, kk - above0, hist1, hist1 + HIST_BINS, scratch, &t,
+                        &ties, false);
             emit_regions<DT>(ck, ci, t, ties, oi, ov, row, scratch);
         } else {  // some warp's range holds more than its region: passes over the whole row
             SmemKeys src{keys};
-            bool wc =
-                block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties, wk, true, false);
+            bool wc = block_search(src, len, 0, 0u, kk, hist, scratch, &t, &ties, wk, true);
             block_emit<DT>(src, len, t, ties, oi, ov, row, scratch, wc ? wk.wc : nullptr);
         }
     } else if (status == ST_READY) {  // the candidates, gathered in index order
+        // where the digit passes over the row left it (loaded before the gather needs them)
+        const int pass = __ldcg(&cr[C_PASS]);
+        u32 prefix = (u32)__ldcg(&cr[C_PREFIX]);
+        int need = __ldcg(&cr[C_NEED]);
+        acc_key = (u32)__ldcg(&cr[C_LO]);
+        acc_count = __ldcg(&cr[C_COUNT]);
+        rounds = __ldcg(&cr[C_ROUNDS]);
+        int* hist1 = (int*)(wk.wc + 64);  // digit passes 1 and 2 (HIST_BINS, 256)
+        for (int j = threadIdx.x; j < HIST_BINS; j += blockDim.x) {
+            hist[j] = 0;
+            hist1[j] = 0;
+        }
+        if (threadIdx.x < 256) hist1[HIST_BINS + threadIdx.x] = 0;
         int total;
         int off = block_exclusive_scan(cnt, scratch, &total);
-        int* pfx = hist;  // the segments' offsets (S <= blockDim)
+        int* pfx = (int*)wk.buf;  // the segments' offsets (S <= blockDim)
         if (threadIdx.x < S) pfx[threadIdx.x] = off;
         __syncthreads();
         int* ix = (int*)(keys + total);
-        for (int p = threadIdx.x; p < total; p += blockDim.x) {
-            int lo = 0, hi = S - 1;  // the last segment whose offset is <= p
-            while (lo < hi) {
-                int mid = (lo + hi + 1) >> 1;
-                if (pfx[mid] <= p) lo = mid; else hi = mid - 1;
+        for (int base = 0; base < total; base += blockDim.x) {
+            const int p = base + threadIdx.x;
+            u32 u = 0u;
+            if (p < total) {
+                int lo = 0, hi = S - 1;  // the last segment whose offset is <= p
+                while (lo < hi) {
+                    int mid = (lo + hi + 1) >> 1;
+                    if (pfx[mid] <= p) lo = mid; else hi = mid - 1;
+                }
+                int2 e = seg[((long long)b * S + lo) * segcap + (p - pfx[lo])];
+                u = (u32)e.x;
+                keys[p] = u;
+                ix[p] = e.y;
             }
-            int2 e = seg[((long long)b * S + lo) * segcap + (p - pfx[lo])];
-            keys[p] = (u32)e.x;
-            ix[p] = e.y;
+            // digit pass 0 as they arrive: keys just above a bound, in a few bins
+            if (pass == 0) hist_add_peers(hist, u >> pass_shift(0), p < total);
         }
         __syncthreads();
+        if (pass == 0) {
+            find_bucket_warps(hist, HIST_BINS, need, scratch + 64, scratch);
+            prefix = (u32)scratch[64] << pass_shift(0);
+            need -= scratch[65];
+        }
         SmemPairs src{keys, ix};
-        bool wc = block_search(src, total, cr[C_PASS], (u32)cr[C_PREFIX], cr[C_NEED], hist,
-                               scratch, &t, &ties, wk, false, true);
-        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, wc ? wk.wc : nullptr);
-        acc_key = (u32)cr[C_LO];
-        acc_count = cr[C_COUNT];
-        rounds = cr[C_ROUNDS];
+        smem_search(src, total, pass == 0 ? 1 : pass, prefix, need, hist1, hist1 + HIST_BINS,
+                    scratch, &t, &ties, true);
+        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, nullptr);
     } else if (status == ST_EXACT) {  // T known, more than cap keys at it: from the row
         t = (u32)cr[C_PREFIX];
         ties = cr[C_NEED];
@@ -522,8 +545,7 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
     }
     if (state != nullptr && threadIdx.x < 16) {  // the tried thresholds, one word per thread
         int* s = state + (long long)b * state_words;
-        const int q = threadIdx.x & 7, word = threadIdx.x < 8 ? C_TRIED + q : C_TRIED + 8 + q;
-        const int v = rounds > 0 ? __ldcg(&cr[word]) : 0;
+        const int q = threadIdx.x & 7, v = rounds > 0 ? tried : 0;
         if (threadIdx.x < 8) s[STATE_TRIED_KEY + q] = rounds > 0 ? (int)((u32)v ^ 0x80000000u) : 0;
         else s[STATE_TRIED_COUNT + q] = v;
     }

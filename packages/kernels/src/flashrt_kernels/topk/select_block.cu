@@ -425,7 +425,7 @@ struct SmemPairs {  // candidates in shared memory, in index order
 // already holds this pass's histogram.
 template <class Src>
 __device__ int search_pass(const Src& src, int count, int pass, u32* prefix, int* need,
-                           int* hist, int* scratch, bool counted, bool peers) {
+                           int* hist, int* scratch, bool counted) {
     int shift = pass_shift(pass), nb = pass_bins(pass);
     u32 mask = pass_mask(pass), pre = *prefix;
     if (!counted) {
@@ -436,8 +436,7 @@ __device__ int search_pass(const Src& src, int count, int pass, u32* prefix, int
             int i = base + threadIdx.x;
             u32 u = i < count ? src.key(i) : 0u;
             bool in = i < count && (u & mask) == pre;
-            if (peers) hist_add_peers(hist, (u >> shift) & (u32)(nb - 1), in);
-            else hist_add(hist, (u >> shift) & (u32)(nb - 1), in);
+            hist_add(hist, (u >> shift) & (u32)(nb - 1), in);
         }
         __syncthreads();
     }
@@ -503,20 +502,20 @@ __device__ void gather_bucket(const Src& src, int count, u32 mask, u32 prefix,
 // When a pass leaves a bucket of at most wk.cap keys, they move to wk.buf and the remaining
 // passes run over them alone (they only count, so any order does); then the per-warp counts
 // of the emission come out too (returns true). `counted`: hist already holds the histogram of
-// the first pass. `peers`: src's keys are candidates above a bound (a narrow range: few bins per
-// pass), counted with one atomic per distinct bin of a warp (the narrowed bucket always spreads).
+// the first pass. (A short row whose candidates overflow the per-warp regions; a long row's
+// gathered candidates, at most CAP, take smem_search's sweeps instead.)
 template <class Src>
 __device__ bool block_search(const Src& src, int count, int pass, u32 prefix, int need, int* hist,
                              int* scratch, u32* t_out, int* ties_out, WarpCounts wk,
-                             bool counted, bool peers) {
+                             bool counted) {
     bool gathered = false;
     for (; pass < 3; ++pass, counted = false) {
-        int in_d = search_pass(src, count, pass, &prefix, &need, hist, scratch, counted, peers);
+        int in_d = search_pass(src, count, pass, &prefix, &need, hist, scratch, counted);
         if (pass < 2 && in_d <= wk.cap && in_d < count) {
             gather_bucket(src, count, pass_mask(pass + 1), prefix, wk, scratch);
             SmemKeys rest{wk.buf};
             for (++pass; pass < 3; ++pass)
-                search_pass(rest, in_d, pass, &prefix, &need, hist, scratch, false, false);
+                search_pass(rest, in_d, pass, &prefix, &need, hist, scratch, false);
             for (int j = threadIdx.x; j < in_d; j += blockDim.x) {
                 u32 u = wk.buf[j];
                 if (u >= prefix) atomicAdd(&wk.wc[(u == prefix ? 32 : 0) + wk.owner[j]], 1);
@@ -739,22 +738,31 @@ __device__ void emit_regions(const u32* ck, const int* ci, u32 t, int ties, int*
     }
 }
 
-// Digit passes 1 and 2 over a short row's compacted candidates (src[0..count)): each one sweep
-// into its own histogram, zeroed by load_short_row, and a two-barrier bucket search, with the
-// results in scratch slots of their own (SCRATCH_WORDS: 64..75), so no barrier guards a reuse.
-// prefix / need: pass 0's bucket and the rank still needed in it. T and the ties to keep out.
-__device__ void short_search(const SmemPairs& src, int count, u32 prefix, int need, int* hist1,
-                             int* hist2, int* scratch, u32* t_out, int* ties_out) {
-    for (int base = 0; base < count; base += blockDim.x) {
-        const int i = base + threadIdx.x;
-        const u32 u = i < count ? src.key(i) : 0u;
-        hist_add(hist1, (u >> pass_shift(1)) & (u32)(HIST_BINS - 1),
-                 i < count && (u & pass_mask(1)) == prefix);
+// Digit passes `pass`..2 (pass 1 or 2) over candidates in shared memory (src[0..count)): each
+// one sweep into its own histogram (hist1: HIST_BINS, hist2: 256, zeroed before the call) and a
+// two-barrier bucket search, with the results in scratch slots of their own (SCRATCH_WORDS:
+// 64..75), so no barrier guards a reuse. prefix / need: the bucket found before `pass` and the
+// rank still needed in it. T and the ties to keep out. Used for a short row's compacted
+// candidates (from pass 1) and a long row's gathered ones (from where the passes left it).
+// `peers`: pass 1 counts with one atomic per distinct bin of a warp (candidates just above a
+// bound, whose digits may share a few bins: 16-bit rows have 4 bits of this digit).
+__device__ void smem_search(const SmemPairs& src, int count, int pass, u32 prefix, int need,
+                            int* hist1, int* hist2, int* scratch, u32* t_out, int* ties_out,
+                            bool peers) {
+    if (pass <= 1) {
+        for (int base = 0; base < count; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            const u32 u = i < count ? src.key(i) : 0u;
+            const u32 bin = (u >> pass_shift(1)) & (u32)(HIST_BINS - 1);
+            const bool in = i < count && (u & pass_mask(1)) == prefix;
+            if (peers) hist_add_peers(hist1, bin, in);
+            else hist_add(hist1, bin, in);
+        }
+        __syncthreads();
+        find_bucket_warps(hist1, HIST_BINS, need, scratch + 68, scratch);
+        prefix |= (u32)scratch[68] << pass_shift(1);
+        need -= scratch[69];
     }
-    __syncthreads();
-    find_bucket_warps(hist1, HIST_BINS, need, scratch + 68, scratch);
-    prefix |= (u32)scratch[68] << pass_shift(1);
-    need -= scratch[69];
     for (int base = 0; base < count; base += blockDim.x) {
         const int i = base + threadIdx.x;
         const u32 u = i < count ? src.key(i) : 0u;
