@@ -15,8 +15,9 @@ settings in place, restored afterwards. Variants:
   the query term at ``QUERY_CHUNK_CAP`` whatever the extent);
 - ``pointer-kv``: K/V blocks through pointer loads only (no tensor descriptors: before
   2026-12-06's third change), in the wide and the query-invariant tiles;
-- ``causal-tile-steps``: the query-invariant tiles' causal blocks stepped once for the tile
-  (``CAUSAL_TILE_STEPS``, a candidate: the lossless preset's frame prefills);
+- ``causal-node-steps``: the query-invariant tiles' causal blocks stepped once per node
+  (``CAUSAL_TILE_STEPS`` off: before 2026-12-06's second session; the lossless preset's frame
+  prefills);
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
@@ -72,7 +73,7 @@ VARIANTS = {
     "attention-1205": (_attention_1205, {}),
     "attention-1206": (_attention_1206, {}),
     "pointer-kv": (_pointer_kv, {}),
-    "causal-tile-steps": (lambda: _patched(splits.INVARIANT, CAUSAL_TILE_STEPS=True), {}),
+    "causal-node-steps": (lambda: _patched(splits.INVARIANT, CAUSAL_TILE_STEPS=False), {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 

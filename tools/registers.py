@@ -89,7 +89,7 @@ CASES = {
     "gqa step (narrow, wide; causal, bool mask)": lambda: _gqa_step(None),
     "gqa step, wide tiles with pointer loads": lambda: _gqa_step({"wide": {"TMA": False}}),
     "invariant (causal chain, tree)": lambda: _invariant({}),
-    "invariant, causal tile steps": lambda: _invariant({"CAUSAL_TILE_STEPS": True}),
+    "invariant, causal node steps": lambda: _invariant({"CAUSAL_TILE_STEPS": False}),
     "segmented d = 72, 720-patch images": lambda: _segmented(72, 720),
     "segmented d = 80, 64-patch windows": lambda: _segmented(80, 64),
 }

@@ -183,38 +183,50 @@ def test_invariant_tma_loads_give_the_pointer_loads_bits():
     assert_exact(outs[0], outs[1], what="TMA-loaded invariant tiles vs pointer loads")
 
 
-@pytest.mark.parametrize(("cache", "chain", "group"), [(100, 70, 4), (0, 19, 8), (530, 9, 1)])
-def test_causal_chain_equals_its_decode_steps(cache, chain, group):
+def _causal_chain_check(cache, chain, hkv, group, d, dev):
     """A causal launch of a row's ``chain`` new tokens (a frame's prefill in the lossless replay),
-    stepped per node (the default) or once for the tile (``CAUSAL_TILE_STEPS``), gives each token
+    stepped per node or once for the tile (``CAUSAL_TILE_STEPS``, the default), gives each token
     the bits of its own q = 1 decode step over the same pool row (cache ``cache + i``), stale
     slots NaN."""
     from flashrt_kernels.attention.invariant_kernels import launch_invariant
 
-    hkv, d = 1, 64
     hq = hkv * group
     cap = cache + chain + 6
-    k = make_values("normal", (2, cap, hkv, d), BF16, 11, DEV)
-    v = make_values("normal", (2, cap, hkv, d), BF16, 12, DEV)
+    k = make_values("normal", (2, cap, hkv, d), BF16, 11, dev)
+    v = make_values("normal", (2, cap, hkv, d), BF16, 12, dev)
     k[:, cache + chain :] = float("nan")
     v[:, cache + chain :] = float("nan")
-    q = make_values("normal", (1, chain, hq, d), BF16, 13, DEV)
-    row = torch.tensor([1], dtype=torch.int32, device=DEV)
+    q = make_values("normal", (1, chain, hq, d), BF16, 13, dev)
+    row = torch.tensor([1], dtype=torch.int32, device=dev)
+    lens = torch.tensor([cache], dtype=torch.int32, device=dev)
+    chain_len = torch.tensor([chain], dtype=torch.int32, device=dev)
     fulls = []
-    for cfg in (None, {"CAUSAL_TILE_STEPS": True}):
+    for cfg in ({"CAUSAL_TILE_STEPS": False}, {"CAUSAL_TILE_STEPS": True}):
         full = torch.full_like(q, float("nan"))
         ws = torch.empty(workspace_numel(1, chain, hq, hkv, d, cap, query_invariant=True),
-                         device=DEV)  # fmt: skip
-        launch_invariant(q, k, v, full, _lens(cache), _lens(chain), cache_rows=row, mask=None,
+                         device=dev)  # fmt: skip
+        launch_invariant(q, k, v, full, lens, chain_len, cache_rows=row, mask=None,
                          mask_mode=0, workspace=ws, scale=d**-0.5, config=cfg)  # fmt: skip
         fulls.append(full)
-    steps = gqa_attention(q.transpose(0, 1), k, v, cache + torch.arange(chain, device=DEV).int(),
-                          torch.ones(chain, dtype=torch.int32, device=DEV),
+    steps = gqa_attention(q.transpose(0, 1), k, v, cache + torch.arange(chain, device=dev).int(),
+                          torch.ones(chain, dtype=torch.int32, device=dev),
                           cache_rows=row.repeat(chain), backend="triton",
                           query_invariant=True)  # fmt: skip
     for full, how in zip(fulls, ("per node", "per tile"), strict=True):
         assert full.isfinite().all()
         assert_exact(full[0], steps[:, 0], what=f"causal chain ({how}) vs its decode steps")
+
+
+@pytest.mark.parametrize(("cache", "chain", "group"), [(100, 70, 4), (0, 19, 8), (530, 9, 1)])
+def test_causal_chain_equals_its_decode_steps(cache, chain, group):
+    _causal_chain_check(cache, chain, 1, group, 64, DEV)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("cache", "chain"), [(2048, 450), (8000, 130), (0, 77)])
+def test_causal_chain_equals_its_decode_steps_gpu(cache, chain):
+    """The same at the lossless replay's shapes (Qwen2.5-VL-3B: 16 / 2 heads, d = 128)."""
+    _causal_chain_check(cache, chain, 2, 8, 128, "cuda")
 
 
 def test_invariant_bool_and_bit_masks_give_the_same_bits():

@@ -25,10 +25,10 @@ How:
   summed in order (``_mma``), for the same reason: numpy's matmul rounds a row differently at
   another offset modulo 16.
 - Committed blocks (every key below ``cache_len``) load K/V once for the tile. With
-  ``CAUSAL_TILE_STEPS`` (a candidate, off by default) so do the causal mode's blocks reaching the
+  ``CAUSAL_TILE_STEPS`` (the default) so do the causal mode's blocks reaching the
   new nodes (a node's logical positions are its slots there: each row's scores past its own
-  extent are -inf, loads stop at the tile's extent). Otherwise blocks reaching the new nodes take
-  one step per live node ``c``: K and V gathered from node
+  extent are -inf, loads stop at the tile's extent). Otherwise (and under a tree mask) blocks reaching the new nodes
+  take one step per live node ``c``: K and V gathered from node
   ``c``'s own slots (logical ``pos`` -> ``cache_len + select(bits, pos - cache_len)``, the index
   of a set bit: integer arithmetic), the same ``[64, d] x [d, 64]`` QK dot and online-softmax step and PV dot
   as a committed block, with -inf scores on every row but node ``c``'s; so a row sees exactly
@@ -210,7 +210,7 @@ def gqa_invariant_kernel(
     through the tensor descriptors ``KDesc`` / ``VDesc`` (``gqa_kernels.kv_descriptors``; the
     same values), else ``KDesc`` / ``VDesc`` are ``K`` / ``V`` again, unused. CAUSAL_TILE_STEPS
     (causal mode): the blocks reaching the new nodes take one step for the whole tile instead of
-    one per node (the same bits; a candidate, off until measured on a GPU)."""
+    one per node (the same bits; the default, splits.INVARIANT)."""
     grp = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2)
