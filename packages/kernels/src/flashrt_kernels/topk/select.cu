@@ -84,10 +84,10 @@ __device__ bool last_to_arrive(int* ctrl_row, int blocks, int* flag) {
 // maxima is <= the K-th key (kk distinct groups each hold an element at least that large).
 // Every block stores its own Gb maxima with plain stores (no atomics between blocks, which
 // contended in L2: S x G of them on G addresses); the row's last block finds the kk-th largest
-// of the M values to 2 x BOUND_BITS bits by two histogram passes, and that bucket's lower edge
-// is the bound. On rows without structure it admits about 1.15 kk keys (kk <= 1024; 1.39 kk at
-// kk = 4096); a row sorted by value admits about a quarter of itself (its top kk lie in a few
-// blocks: exact all the same, by the later passes). Chunks are multiples of the tile
+// of the M values to 2 x BOUND_BITS bits below the bits they all share by two histogram passes,
+// and that bucket's lower edge is the bound. On rows without structure it admits about 1.15 kk
+// keys (kk <= 1024; 1.39 kk at kk = 4096); a row sorted by value admits about a quarter of
+// itself (its top kk lie in a few blocks: exact all the same, by the later passes). Chunks are multiples of the tile
 // (TILE_ITEMS x 512 = HIST_BINS): thread t at item q of a tile is in group
 // (c, (tile parity x tile + q 512 + t) mod Gb), the same partition up to the groups' names.
 // gmax [BOUND_SLOTS] per row: block c's maxima at [c Gb, (c + 1) Gb), each written by every call
@@ -163,21 +163,50 @@ __global__ void __launch_bounds__(512) bound_kernel(
         for (int j = threadIdx.x; j < Gb; j += blockDim.x) gmax[c * Gb + j] = (int)grp[j];
     if (!last_to_arrive(cr, S, scratch + 48)) return;
     // the row's last block: the M maxima (key 0: a group without elements) through grp, at once
-    // when they fit, else BOUND_GROUPS at a time in every pass; two passes of BOUND_BINS-bin
-    // histograms over them
+    // when they fit, else BOUND_GROUPS at a time in every pass. First their range: the bits that
+    // all nonzero maxima share need no pass, so the two passes of BOUND_BINS-bin histograms
+    // take the BOUND_BITS-bit digits below them (digits that spread over the bins, where the
+    // top bits of a row's maxima fell into a handful and their increments serialized)
     const bool staged = M <= BOUND_GROUPS;
-    u32 lmax = 0u;
-    if (staged) {
-        for (int j = threadIdx.x; j < M; j += blockDim.x) {
-            u32 v = (u32)__ldcg(&gmax[j]);
-            grp[j] = v;
-            lmax = v > lmax ? v : lmax;
-        }
+    u32 lmax = 0u, lmin = 0xffffffffu;
+    int nnz = 0;
+    for (int j = threadIdx.x; j < M; j += blockDim.x) {
+        const u32 v = (u32)__ldcg(&gmax[j]);
+        if (staged) grp[j] = v;
+        lmax = v > lmax ? v : lmax;
+        lmin = v && v < lmin ? v : lmin;
+        nnz += v != 0u;
     }
+    lmax = __reduce_max_sync(0xffffffffu, lmax);
+    lmin = __reduce_min_sync(0xffffffffu, lmin);
+    nnz = (int)__reduce_add_sync(0xffffffffu, (u32)nnz);
+    if (threadIdx.x == 0) {
+        scratch[56] = 0;
+        scratch[57] = (int)0xffffffffu;
+        scratch[58] = 0;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax((u32*)&scratch[56], lmax);
+        atomicMin((u32*)&scratch[57], lmin);
+        atomicAdd(&scratch[58], nnz);
+    }
+    __syncthreads();
+    lmax = (u32)scratch[56];
+    lmin = (u32)scratch[57];
+    nnz = scratch[58];
+    // fewer than kk nonzero maxima: the kk-th largest is an empty group's 0, and so is L
     u32 prefix = 0u, mask = 0u;
-    int need = kk;
+    int need = kk, rest = 0;  // key bits below the prefix still to search
+    if (nnz >= kk) {
+        rest = lmin == lmax ? 0 : 32 - __clz(lmin ^ lmax);
+        mask = rest == 32 ? 0u : ~((1u << rest) - 1u);
+        prefix = lmax & mask;
+    }
 #pragma unroll 1
-    for (int shift = 32 - BOUND_BITS; shift >= 32 - 2 * BOUND_BITS; shift -= BOUND_BITS) {
+    for (int pass = 0; pass < 2 && rest > 0; ++pass) {
+        const int w = rest < BOUND_BITS ? rest : BOUND_BITS, shift = rest - w;
+        const u32 digit = (1u << w) - 1u;
         for (int j = threadIdx.x; j < BOUND_BINS; j += blockDim.x) bins[j] = 0;
         __syncthreads();
 #pragma unroll 1
@@ -185,34 +214,25 @@ __global__ void __launch_bounds__(512) bound_kernel(
             const int m = M - h < BOUND_GROUPS ? M - h : BOUND_GROUPS;
             if (!staged) {
                 __syncthreads();  // the previous part is counted
-                for (int j = threadIdx.x; j < m; j += blockDim.x) {
-                    u32 v = (u32)__ldcg(&gmax[h + j]);
-                    grp[j] = v;
-                    lmax = v > lmax ? v : lmax;
-                }
+                for (int j = threadIdx.x; j < m; j += blockDim.x) grp[j] = (u32)__ldcg(&gmax[h + j]);
                 __syncthreads();
             }
             for (int base = 0; base < m; base += blockDim.x) {
                 int j = base + threadIdx.x;
                 u32 v = j < m ? grp[j] : 0u;
-                hist_add(bins, (v >> shift) & (BOUND_BINS - 1), j < m && (v & mask) == prefix);
+                hist_add(bins, (v >> shift) & digit, j < m && (v & mask) == prefix);
             }
         }
         __syncthreads();
-        find_bucket(bins, BOUND_BINS, need, scratch + 40, scratch);  // the bins hold >= need
+        find_bucket_warps(bins, BOUND_BINS, need, scratch + 40, scratch);  // bins hold >= need
         prefix |= (u32)scratch[40] << shift;
-        mask |= (u32)(BOUND_BINS - 1) << shift;
+        mask |= digit << shift;
         need -= scratch[41];
-        __syncthreads();
+        rest = shift;
     }
-    lmax = __reduce_max_sync(0xffffffffu, lmax);
-    if (threadIdx.x == 0) scratch[1] = 0;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) atomicMax((u32*)&scratch[1], lmax);
-    __syncthreads();
     if (threadIdx.x == 0) {
         cr[C_LO] = (int)prefix;
-        cr[C_MAX] = scratch[1];
+        cr[C_MAX] = (int)lmax;
         cr[C_ARRIVED] = 0;
     }
 }
