@@ -462,19 +462,48 @@ def test_cuda_programmatic_dependent_launch():
     assert cuda_select.pdl_available(), cuda_select._PDL_BROKEN
 
 
-def test_short_row_phase_tool_finds_its_stamp_lines():
-    """tools/topk_short_phases.py places its stamps by matching lines of the CUDA source: each
-    must still match exactly once (else the tool would time something else)."""
+def _tool(name: str):
+    """A module of the repository's tools/ folder, loaded from its file."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "tools" / "topk_short_phases.py"
-    spec = importlib.util.spec_from_file_location("topk_short_phases", path)
+    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    src = tool.stamped_source()
+    return tool
+
+
+def test_short_row_phase_tool_finds_its_stamp_lines():
+    """tools/topk_short_phases.py places its stamps by matching lines of the CUDA source: each
+    must still match exactly once (else the tool would time something else)."""
+    src = _tool("topk_short_phases").stamped_source()
     assert all(f"STAMP({i});" in src for i in range(8))
     assert src.count("WALL(") == 2 + 1  # the two stamps and the macro's definition
+
+
+def test_timeline_tool_stamps_every_launch_and_compiles():
+    """tools/topk_timeline.py stamps each kernel of a long row's call by matching lines inside
+    that kernel: every event is placed exactly once, in the kernel it names, and the stamped
+    source still compiles for sm_90 (NVRTC, no GPU needed)."""
+    from flashrt_kernels import cuda_nvrtc
+    from flashrt_kernels.topk import cuda_select
+
+    tool = _tool("topk_timeline")
+    src = tool.stamped_source()
+    for name, events in {"bound_kernel": ("EV0(0)", "EV(1)"),
+                         "count_kernel": ("EV0(2)", "g_ev[3]", "EV(4)", "EV(5)"),
+                         "step_kernel": ("g_ev[6 + ",),
+                         "finish_kernel": ("EV0(9)", "EVSYNC(10)", "EVSYNC(11)", "EVSYNC(12)",
+                                           "EVSYNC(13)")}.items():  # fmt: skip
+        start, end = tool._kernel_span(src, name)
+        for ev in events:
+            assert src.count(ev) == 1 and start < src.index(ev) < end, (name, ev)
+    assert len(tool.EVENTS) == tool.SLOTS == 14
+    if not cuda_nvrtc.available():
+        pytest.skip("no cuda.bindings / NVRTC here")
+    cubin, _ = cuda_nvrtc.compile_cubin(src, cuda_select.NAMES, "sm_90", ("-std=c++17",))
+    assert b"g_ev" in cubin
 
 
 def test_nvrtc_compiles_the_select_source_without_a_gpu():
