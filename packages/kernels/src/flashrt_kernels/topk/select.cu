@@ -87,8 +87,8 @@ __device__ bool last_to_arrive(int* ctrl_row, int blocks, int* flag) {
 // of the M values to 2 x BOUND_BITS bits below the bits they all share by two histogram passes,
 // and that bucket's lower edge is the bound. On rows without structure it admits about 1.15 kk
 // keys (kk <= 1024; 1.39 kk at kk = 4096); a row sorted by value admits about a quarter of
-// itself (its top kk lie in a few blocks: exact all the same, by the later passes). Chunks are multiples of the tile
-// (TILE_ITEMS x 512 = HIST_BINS): thread t at item q of a tile is in group
+// itself (its top kk lie in a few blocks: exact all the same, by the later passes). Chunks are
+// multiples of the tile (TILE_ITEMS x 512 = HIST_BINS): thread t at item q of a tile is in group
 // (c, (tile parity x tile + q 512 + t) mod Gb), the same partition up to the groups' names.
 // gmax [BOUND_SLOTS] per row: block c's maxima at [c Gb, (c + 1) Gb), each written by every call
 // that reads it (nothing to zero).
