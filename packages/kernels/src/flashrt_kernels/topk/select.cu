@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(512) bound_kernel(
             const int m = M - h < BOUND_GROUPS ? M - h : BOUND_GROUPS;
             if (!staged) {
                 __syncthreads();  // the previous part is counted
-                for (int j = threadIdx.x; j < m; j += blockDim.x) grp[j] = (u32)__ldcg(&gmax[h + j]);
+                for (int j = threadIdx.x; j < m; j += blockDim.x)
+                    grp[j] = (u32)__ldcg(&gmax[h + j]);
                 __syncthreads();
             }
             for (int base = 0; base < m; base += blockDim.x) {
