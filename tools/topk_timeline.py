@@ -6,8 +6,8 @@
 Rows longer than ``cuda_select.SHORT_MAX`` take several launches (docs/kernels/topk.md): the
 bound (hint-free only), the counting pass, three step launches and the finishing block. This
 compiles a copy of the CUDA source with ``%globaltimer`` stamps (nanoseconds, one clock for every
-SM) at the launches' boundaries, read by thread 0 of block 0 (or of the row's last block to
-arrive), launches it the way the backend does (``cuLaunchKernelEx`` with programmatic dependent
+SM) at the launches' boundaries and inside the bound's ranking and the finishing block, read
+by thread 0 of block 0 (or of the row's last block to arrive), launches it the way the backend does (``cuLaunchKernelEx`` with programmatic dependent
 launch, through ``cuda.bindings``), captures one call in a CUDA graph and replays it; each event
 is printed in microseconds after the first launch's start (median over the replays), beside the
 graph time per call of the same stamped source. fp32 ``ScoreChain`` rows (drift 0.02, the
@@ -30,10 +30,11 @@ sys.path[:0] = sorted(str(p) for p in (ROOT / "packages").glob("*/src"))
 
 from flashrt_kernels.topk import cuda_select  # noqa: E402
 
-EVENTS = ["bound start", "bound last block", "count start (first block)",
-          "count start (last block)", "count last block", "count end", "step 1 start",
-          "step 2 start", "step 3 start", "finish start", "finish gathered", "finish searched",
-          "finish emitted", "finish end"]  # fmt: skip
+EVENTS = ["bound start", "bound last block", "bound maxima staged", "bound ranked",
+          "count start (first block)", "count start (last block)", "count thresholds",
+          "count last block", "count end", "step 1 start", "step 2 start", "step 3 start",
+          "finish start", "finish gathered", "finish searched", "finish emitted",
+          "finish end"]  # fmt: skip
 SLOTS = len(EVENTS)
 PRELUDE = rf"""
 __device__ unsigned long long g_ev[{SLOTS}];
@@ -72,31 +73,58 @@ def _patch(src: str, name: str, edits: list[tuple[str, str]]) -> str:
     return src[:a] + body + src[b:]
 
 
+def _ev(name: str) -> int:
+    return EVENTS.index(name)
+
+
+LAST = "    if (!last_to_arrive(cr, S, scratch + 48)) return;\n"
+STEP = (f"    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) "
+        f"g_ev[{_ev('step 1 start')} + atomicAdd(&g_step, 1) % 3] = now_ns();\n")  # fmt: skip
+# kernel -> (line of the source, the same with its stamps, the events those stamps write)
+STAMPS = {
+    "bound_kernel": [
+        (WAIT, WAIT + f"    EV0({_ev('bound start')});\n", ["bound start"]),
+        (LAST, LAST + f"    EV({_ev('bound last block')});\n", ["bound last block"]),
+        ("    nnz = scratch[58];\n",
+         f"    nnz = scratch[58];\n    EV({_ev('bound maxima staged')});\n",
+         ["bound maxima staged"]),
+        ("    if (threadIdx.x == 0) {\n        cr[C_LO] = (int)prefix;",
+         f"    EV({_ev('bound ranked')});\n    if (threadIdx.x == 0) {{\n"
+         "        cr[C_LO] = (int)prefix;", ["bound ranked"]),
+    ],
+    "count_kernel": [
+        (WAIT, WAIT + f"    EV0({_ev('count start (first block)')});\n"
+         f"    if (threadIdx.x == 0) atomicMax(&g_ev[{_ev('count start (last block)')}], now_ns());\n",
+         ["count start (first block)", "count start (last block)"]),
+        ("    int2* my = seg + ((long long)b * S + c) * segcap;\n",
+         f"    EV0({_ev('count thresholds')});\n    int2* my = seg + ((long long)b * S + c) * segcap;\n",
+         ["count thresholds"]),
+        (LAST, LAST + f"    EV({_ev('count last block')});\n", ["count last block"]),
+        ("        cr[C_ARRIVED] = 0;\n    }\n}",
+         f"        cr[C_ARRIVED] = 0;\n    }}\n    EV({_ev('count end')});\n}}", ["count end"]),
+    ],
+    "step_kernel": [(WAIT, WAIT + STEP, ["step 1 start", "step 2 start", "step 3 start"])],
+    "finish_kernel": [
+        (WAIT, WAIT + f"    EV0({_ev('finish start')});\n", ["finish start"]),
+        ("        SmemPairs src{keys, ix};\n",
+         f"        EVSYNC({_ev('finish gathered')});\n        SmemPairs src{{keys, ix}};\n",
+         ["finish gathered"]),
+        ("        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, nullptr);\n",
+         f"        EVSYNC({_ev('finish searched')});\n"
+         "        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, nullptr);\n"
+         f"        EVSYNC({_ev('finish emitted')});\n", ["finish searched", "finish emitted"]),
+        ("    if (state != nullptr && threadIdx.x == 0) {\n",
+         f"    EVSYNC({_ev('finish end')});\n    if (state != nullptr && threadIdx.x == 0) {{\n",
+         ["finish end"]),
+    ],
+}  # fmt: skip
+
+
 def stamped_source() -> str:
     """The CUDA source with the timeline stamps; a ValueError names a line that no longer matches."""
     src = PRELUDE + cuda_select.source()
-    last = "    if (!last_to_arrive(cr, S, scratch + 48)) return;\n"
-    src = _patch(
-        src, "bound_kernel", [(WAIT, WAIT + "    EV0(0);\n"), (last, last + "    EV(1);\n")]
-    )
-    src = _patch(src, "count_kernel", [
-        (WAIT, WAIT + "    EV0(2);\n    if (threadIdx.x == 0) atomicMax(&g_ev[3], now_ns());\n"),
-        (last, last + "    EV(4);\n"),
-        ("        cr[C_ARRIVED] = 0;\n    }\n}", "        cr[C_ARRIVED] = 0;\n    }\n    EV(5);\n}"),
-    ])  # fmt: skip
-    src = _patch(src, "step_kernel", [(
-        WAIT, WAIT + "    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) "
-                     "g_ev[6 + atomicAdd(&g_step, 1) % 3] = now_ns();\n")])  # fmt: skip
-    src = _patch(src, "finish_kernel", [
-        (WAIT, WAIT + "    EV0(9);\n"),
-        ("        SmemPairs src{keys, ix};\n", "        EVSYNC(10);\n        SmemPairs src{keys, ix};\n"),
-        ("        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, nullptr);\n",
-         "        EVSYNC(11);\n"
-         "        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, nullptr);\n"
-         "        EVSYNC(12);\n"),
-        ("    if (state != nullptr && threadIdx.x == 0) {\n",
-         "    EVSYNC(13);\n    if (state != nullptr && threadIdx.x == 0) {\n"),
-    ])  # fmt: skip
+    for kernel, edits in STAMPS.items():
+        src = _patch(src, kernel, [(old, new) for old, new, _ in edits])
     return src
 
 
@@ -181,7 +209,7 @@ def timeline(b: int, n: int, k: int, hinted: bool, g: _Globals, reps: int) -> di
         g.reset()
         graph.replay()
         ev = np.array(g.read(), dtype=np.float64)
-        t0 = ev[0] if not hinted else ev[2]
+        t0 = ev[_ev("bound start") if not hinted else _ev("count start (first block)")]
         runs.append(np.where(ev > 0, (ev - t0) / 1000.0, np.nan))
     med = np.nanmedian(np.array(runs[1:]), axis=0)
     row = {"B": b, "N": n, "K": k, "path": "hinted" if hinted else "hint-free", "exact": exact,
