@@ -7,8 +7,9 @@ Rows longer than ``cuda_select.SHORT_MAX`` take several launches (docs/kernels/t
 bound (hint-free only), the counting pass, three step launches and the finishing block. This
 compiles a copy of the CUDA source with ``%globaltimer`` stamps (nanoseconds, one clock for every
 SM) at the launches' boundaries and inside the bound's ranking and the finishing block, read
-by thread 0 of block 0 (or of the row's last block to arrive), launches it the way the backend does (``cuLaunchKernelEx`` with programmatic dependent
-launch, through ``cuda.bindings``), captures one call in a CUDA graph and replays it; each event
+by thread 0 of block 0 (or of the row's last block to arrive), launches it the way the backend
+does (``cuLaunchKernelEx`` with programmatic dependent launch, through ``cuda.bindings``),
+captures one call in a CUDA graph and replays it; each event
 is printed in microseconds after the first launch's start (median over the replays), beside the
 graph time per call of the same stamped source. fp32 ``ScoreChain`` rows (drift 0.02, the
 ``topk`` benchmark's chain); the hint is the exact top-k of the step before. The stamps are
