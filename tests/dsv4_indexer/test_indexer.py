@@ -201,6 +201,86 @@ def test_relu_plateau_selects_the_first_k_positions():
     assert torch.equal(top, torch.arange(cfg.topk, dtype=torch.int32).expand(2, -1))
 
 
+# prefill: every context token's selection ----------------------------------------------------------
+def _context_setup(cfg, counts, starts, device, seed=13):
+    """A cache holding the keys of len(counts) requests up to their chunks' ends, the requests'
+    block tables (pages shuffled over the pool) and the chunks' packed queries and weights."""
+    block, fmt = cfg.block_size, cfg.key_format
+    g = torch.Generator().manual_seed(seed)
+    n_keys = [cfg.n_keys(s + c) for s, c in zip(starts, counts, strict=True)]
+    pages = max(1, -(-max(n_keys) // block))
+    pool = torch.randperm(len(counts) * pages + 3, generator=g)[: len(counts) * pages]
+    table = pool.view(len(counts), pages).to(torch.int32).to(device)
+    cache = PagedKeyCache(len(counts) * pages + 3, block, cfg.head_dim, fmt, device)
+    topk_backend = "auto" if torch.device(device).type == "cuda" else "reference"
+    ix = Indexer(cfg, cache, max_requests=64, topk_backend=topk_backend)
+    for r, n in enumerate(n_keys):
+        keys = torch.randn(n, cfg.head_dim, generator=g).to(device)
+        ix.write_keys(table, torch.full((n,), r, device=device), torch.arange(n, device=device),
+                      keys)  # fmt: skip
+    total = sum(counts)
+    q = torch.randn(total, cfg.n_heads, cfg.head_dim, generator=g).to(device)
+    w = torch.randn(total, cfg.n_heads, generator=g).abs().to(device)
+    return ix, table, q, w
+
+
+def _check_context_topk(ix, table, q, w, counts, starts, chunk_tokens, every=1):
+    """context_topk against each (every-th) token's own decode step (tier none, via prefill), and
+    one logits chunk against chunks of ``chunk_tokens``."""
+    got = ix.context_topk(q, w, table, counts, starts=starts, chunk_tokens=chunk_tokens)
+    assert got.shape == (sum(counts), ix.config.topk)
+    t = 0
+    for r, (s, c) in enumerate(zip(starts, counts, strict=True)):
+        for p in range(s, s + c):
+            if t % every == 0:
+                seq = torch.tensor([p + 1], device=q.device)
+                want = ix.prefill(q[t : t + 1], w[t : t + 1], seq, table[r : r + 1],
+                                  [("token", t)], seq_lens_host=[p + 1])  # fmt: skip
+                assert_exact(got[t : t + 1].cpu(), want.cpu(), f"request {r}, position {p}")
+                ix.finish([("token", t)])
+            t += 1
+    one = ix.context_topk(q, w, table, counts, starts=starts)  # a single logits chunk
+    assert_exact(one.cpu(), got.cpu(), f"one chunk vs chunks of {chunk_tokens} tokens")
+    return got
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp4"])
+def test_context_topk_equals_each_tokens_decode_step(fmt):
+    """Every prefill token's selection is the decode step's (tier none) for a row of its position
+    + 1 tokens with its query: requests with and without a cached prefix (a chunk starting at
+    position 70), contexts shorter than K keys (padding -1), several logits chunks."""
+    counts, starts = [9, 40, 23], [0, 70, 3]
+    cfg = config.tiny(fmt, 32)
+    ix, table, q, w = _context_setup(cfg, counts, starts, test_device())
+    got = _check_context_topk(ix, table, q, w, counts, starts, chunk_tokens=16)
+    assert (got[0] == -1).sum() == cfg.topk - cfg.n_keys(1)  # position 0 sees no key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("preset", "fmt"), [("v4-flash", "fp8"), ("v4-pro", "fp4")])
+def test_context_topk_real_shapes_gpu(preset, fmt):
+    """The same at real shapes: 64 heads, d = 128, K = 512 / 1024, a 6000-token context and a
+    2000-token chunk after a 9000-token prefix, every 97th token checked."""
+    cfg = config.preset(preset).with_(key_format=fmt)
+    counts, starts = [6000, 2000], [0, 9000]
+    ix, table, q, w = _context_setup(cfg, counts, starts, "cuda")
+    _check_context_topk(ix, table, q, w, counts, starts, chunk_tokens=1500, every=97)
+
+
+def test_context_topk_errors_say_what_was_expected():
+    cfg = config.tiny("fp8", 32)
+    ix, table, q, w = _context_setup(cfg, [5, 6], [0, 0], "cpu")
+    with pytest.raises(ValueError, match="must agree"):
+        ix.context_topk(q, w, table, [11])
+    with pytest.raises(ValueError, match=r"sum\(token_counts\) = 12"):
+        ix.context_topk(q, w, table, [5, 7])
+    with pytest.raises(ValueError, match=">= 0"):
+        ix.context_topk(q, w, table, [5, 6], starts=[0, -1])
+    with pytest.raises(ValueError, match="pages of 32"):
+        ix.context_topk(q, w, table, [5, 6], starts=[0, 4000])
+    assert ix.context_topk(q[:0], w[:0], table, [0, 0]).shape == (0, cfg.topk)
+
+
 # CUDA graphs ----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["v4-flash", "v4-pro"])

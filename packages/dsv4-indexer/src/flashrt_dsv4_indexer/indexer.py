@@ -5,6 +5,8 @@
     top = idx.prefill(q, w, seq_lens, block_table, request_ids, seq_lens_host=...)  # handoff
     top = idx.decode_step(q, w, seq_lens, block_table, request_ids, seq_lens_host=...)
     idx.finish(request_ids)                                   # when requests leave the batch
+    tops = idx.context_topk(q_ctx, w_ctx, block_table, token_counts, starts=...)  # every prefill
+                                                              # token's selection (eager)
 
 ``q`` [B * next_n, H, D] (float: rotated and quantized here; or uint8 e4m3 codes with the query
 scales already folded into ``w``), ``w`` [B * next_n, H] head weights, ``seq_lens`` [B] the rows'
@@ -121,15 +123,19 @@ class Indexer:
             )
         return [int(x) for x in seq_lens.tolist()]
 
+    def _query_codes(self, q, weights) -> tuple[torch.Tensor, torch.Tensor]:
+        """e4m3 query codes and fp32 head weights with the query scales folded in (``q`` float:
+        rotated when ``rotate`` and quantized per row here; uint8: codes already)."""
+        if q.dtype == torch.uint8:
+            return q, weights.float().contiguous()
+        return quantize_queries(hadamard_rotate(q) if self.rotate else q, weights)
+
     def _core(self, q, weights, seq_lens, block_table, buf: _Buffers, next_n: int, tier: str):
         """The device work of one step (capturable): lengths, logits + emissions, top-K, state."""
         cfg, batch = self.config, block_table.shape[0]
         buf.lengths.copy_(reference.row_lengths(seq_lens.to(buf.lengths.device), next_n,
                                                 cfg.compress_ratio))  # fmt: skip
-        if q.dtype == torch.uint8:
-            q_codes, w = q, weights.float().contiguous()
-        else:
-            q_codes, w = quantize_queries(hadamard_rotate(q) if self.rotate else q, weights)
+        q_codes, w = self._query_codes(q, weights)
         slot = buf.slot_index
         em = buf.emissions[tier]
         if em is not None:
@@ -186,6 +192,70 @@ class Indexer:
 
     def finish(self, request_ids: Sequence[object]) -> None:
         self.state.finish(request_ids)
+
+    def context_topk(self, q, weights, block_table, token_counts: Sequence[int], *,
+                     starts: Sequence[int] | None = None,
+                     chunk_tokens: int | None = None) -> torch.Tensor:  # fmt: skip
+        """The selection of every token of a (chunked) prefill, for the sparse attention over the
+        context. ``q`` [T, H, D] / ``weights`` [T, H]: the batch's prefill tokens packed request
+        after request, ``token_counts[r]`` of request ``r`` at positions ``starts[r]`` (default 0)
+        .. ``starts[r] + token_counts[r] - 1`` of its sequence; ``block_table`` int32 [R, pages]
+        the requests' pages, the compressed keys of every position up to the chunk's end written.
+        The token at position ``p`` selects among its request's first ``(p + 1) //
+        compress_ratio`` keys, the selection a decode step (tier ``none``) makes for a row of
+        ``p + 1`` tokens with that query. Returns int32 [T, K], ``-1`` past a token's keys.
+
+        Eager: the packing is host ints. The logits go ``chunk_tokens`` rows at a time (default:
+        about 256 MB of fp32 logits). The published state is not touched: ``prefill`` seeds it
+        at the handoff."""
+        cfg, cache, dev = self.config, self.cache, self.device
+        counts = [int(c) for c in token_counts]
+        starts = [0] * len(counts) if starts is None else [int(s) for s in starts]
+        total = sum(counts)
+        if len(starts) != len(counts) or block_table.shape[0] != len(counts):
+            raise ValueError(
+                "Indexer.context_topk: token_counts, starts and block_table rows must agree "
+                f"(got {len(counts)}, {len(starts)} and {block_table.shape[0]})"
+            )
+        if min(counts + starts, default=0) < 0:
+            raise ValueError("Indexer.context_topk: token_counts and starts must be >= 0")
+        if q.shape[0] != total or weights.shape[0] != total:
+            raise ValueError(
+                f"Indexer.context_topk: q and weights need sum(token_counts) = {total} rows, got "
+                f"{q.shape[0]} and {weights.shape[0]}"
+            )
+        out = torch.full((total, cfg.topk), -1, dtype=torch.int32, device=dev)
+        if total == 0:
+            return out
+        row_of = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+        seq = torch.cat(
+            [torch.arange(s + 1, s + c + 1) for s, c in zip(starts, counts, strict=True)]
+        )
+        n_max = max(cfg.n_keys(s + c) for s, c in zip(starts, counts, strict=True))
+        if n_max > block_table.shape[1] * cache.block_size:
+            raise ValueError(
+                f"Indexer.context_topk: a token sees {n_max} keys but block_table holds "
+                f"{block_table.shape[1]} pages of {cache.block_size}"
+            )
+        pages = max(1, triton.cdiv(n_max, cache.block_size))
+        width = pages * cache.block_size
+        chunk = chunk_tokens or max(1, (256 << 20) // (4 * width))
+        q_codes, w = self._query_codes(q, weights)
+        logits = torch.empty(min(chunk, total), width, device=dev)
+        values = torch.empty(min(chunk, total), cfg.topk, device=dev)
+        for a in range(0, total, chunk):
+            b = min(total, a + chunk)
+            rows = row_of[a:b].to(dev)
+            lengths = reference.row_lengths(seq[a:b].to(dev), 1, cfg.compress_ratio)
+            paged_indexer_logits(
+                q_codes[a:b], w[a:b], cache.codes, cache.scales,
+                block_table.index_select(0, rows)[:, :pages].contiguous(), lengths,
+                key_format=cfg.key_format, out=logits[: b - a], fill_padding=False,
+                backend=self.logits_backend,
+            )  # fmt: skip
+            topk_stage.select(logits[: b - a], cfg.topk, lengths, out_values=values[: b - a],
+                              out_indices=out[a:b], backend=self.topk_backend)  # fmt: skip
+        return out
 
     def capture(self, batch: int, next_n: int, max_n: int, q_dtype=torch.uint8) -> CapturedStep:
         return CapturedStep(self, batch, next_n, max_n, q_dtype)
