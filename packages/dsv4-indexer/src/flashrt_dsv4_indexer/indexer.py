@@ -205,9 +205,10 @@ class Indexer:
         compress_ratio`` keys, the selection a decode step (tier ``none``) makes for a row of
         ``p + 1`` tokens with that query. Returns int32 [T, K], ``-1`` past a token's keys.
 
-        Eager: the packing is host ints. The logits go ``chunk_tokens`` rows at a time (default:
-        about 256 MB of fp32 logits). The published state is not touched: ``prefill`` seeds it
-        at the handoff."""
+        Eager: the packing is host ints. The queries are quantized and the logits computed
+        ``chunk_tokens`` rows at a time (default: about 256 MB of fp32 logits), so a long prompt
+        never holds more than a chunk's. The published state is not touched: ``prefill`` seeds
+        it at the handoff."""
         cfg, cache, dev = self.config, self.cache, self.device
         counts = [int(c) for c in token_counts]
         starts = [0] * len(counts) if starts is None else [int(s) for s in starts]
@@ -240,15 +241,15 @@ class Indexer:
         pages = max(1, triton.cdiv(n_max, cache.block_size))
         width = pages * cache.block_size
         chunk = chunk_tokens or max(1, (256 << 20) // (4 * width))
-        q_codes, w = self._query_codes(q, weights)
         logits = torch.empty(min(chunk, total), width, device=dev)
         values = torch.empty(min(chunk, total), cfg.topk, device=dev)
         for a in range(0, total, chunk):
             b = min(total, a + chunk)
             rows = row_of[a:b].to(dev)
             lengths = reference.row_lengths(seq[a:b].to(dev), 1, cfg.compress_ratio)
+            q_codes, w = self._query_codes(q[a:b], weights[a:b])  # per row: chunks change nothing
             paged_indexer_logits(
-                q_codes[a:b], w[a:b], cache.codes, cache.scales,
+                q_codes, w, cache.codes, cache.scales,
                 block_table.index_select(0, rows)[:, :pages].contiguous(), lengths,
                 key_format=cfg.key_format, out=logits[: b - a], fill_padding=False,
                 backend=self.logits_backend,
