@@ -30,3 +30,6 @@ def test_bench_forwards_its_options_to_the_module(monkeypatch):
     args = parser.parse_args(["dsv4-indexer", "bench", "--out", "o", "--budget-s", "60"])
     assert args.func(args) == 0
     assert seen == [["--out", "o", "--budget-s", "60.0"]]
+    args = parser.parse_args(["dsv4-indexer", "bench", "--prefill"])
+    assert args.func(args) == 0
+    assert seen[-1] == ["--prefill"]

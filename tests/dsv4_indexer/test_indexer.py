@@ -267,6 +267,17 @@ def test_context_topk_real_shapes_gpu(preset, fmt):
     _check_context_topk(ix, table, q, w, counts, starts, chunk_tokens=1500, every=97)
 
 
+def test_prefill_bench_row_agrees_with_torch_on_the_cpu():
+    """``flashrt dsv4-indexer bench --prefill``'s row (timings on a GPU only): every token's
+    selection equals torch's top-K of the same e4m3 queries' logits at this seed (the logits
+    and the top-K through the reference backends here: the kernels have their own tests)."""
+    from flashrt_dsv4_indexer import bench
+
+    for fmt in ("fp8", "fp4"):
+        row = bench.prefill_row(config.tiny(fmt, 32), 300, device="cpu", backend="reference")
+        assert (row["keys"], row["tokens_equal_to_torch"]) == (75, 300), row
+
+
 def test_context_topk_errors_say_what_was_expected():
     cfg = config.tiny("fp8", 32)
     ix, table, q, w = _context_setup(cfg, [5, 6], [0, 0], "cpu")

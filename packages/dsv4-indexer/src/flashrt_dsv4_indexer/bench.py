@@ -18,6 +18,10 @@ its Triton consumer) where ``B * N >= 4M`` (it is off by default: measured, not 
 not depend on the preset's K); and at B = 1 (v4-flash), flashrt-kernels' Triton hint-free select on
 our logits, on ``randn`` rows of the same shape with our lengths, and without lengths (its own
 benchmark's input), which tells the backend, the lengths and the score distribution apart.
+
+``--prefill`` times ``Indexer.context_topk`` instead (every token of one 8k / 32k-token prompt,
+v4-flash fp8 and v4-pro fp4, eager, CUDA events) against torch logits + ``torch.topk`` over the
+same chunks (``prefill_row``).
 """
 
 from __future__ import annotations
@@ -196,6 +200,78 @@ def run(quick: bool = False, budget_s: float = 150.0, on_row=None) -> list[dict]
     return rows
 
 
+PREFILL_TOKENS = (8192, 32768)  # prompt lengths of the prefill rows (compressed keys: / 4)
+
+
+def _events_ms(fn, reps: int = 5) -> float:
+    """Median wall time of an eager call (CUDA events around it), after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def prefill_row(cfg, tokens: int, device: str = DEVICE, seed: int = 0,
+                backend: str = "auto") -> dict:  # fmt: skip
+    """``Indexer.context_topk`` for one prompt of ``tokens`` tokens (every token's selection)
+    against (a): the prompt's keys dequantized once, torch logits from the same e4m3 query codes
+    with each token's causal key count, ``torch.topk``, 256 MB of scores at a time.
+    ``tokens_equal_to_torch``: tokens whose selection equals (a)'s (the logits differ only in
+    fp32 rounding, so a difference is a near-tie, counted, not an error)."""
+    from flashrt_dsv4_indexer.key_cache import quantize_queries
+
+    gen = torch.Generator().manual_seed(seed)
+    n = cfg.n_keys(tokens)
+    pages = -(-n // cfg.block_size)
+    cache = PagedKeyCache(pages, cfg.block_size, cfg.head_dim, cfg.key_format, device)
+    ix = Indexer(cfg, cache, max_requests=4, rotate=False, logits_backend=backend,
+                 topk_backend=backend)  # fmt: skip
+    table = torch.arange(pages, dtype=torch.int32, device=device)[None]
+    keys = torch.randn(n, cfg.head_dim, generator=gen).to(device)
+    ix.write_keys(table, torch.zeros(n, dtype=torch.long, device=device),
+                  torch.arange(n, device=device), keys)  # fmt: skip
+    q = torch.randn(tokens, cfg.n_heads, cfg.head_dim, generator=gen).to(device)
+    w = (torch.rand(tokens, cfg.n_heads, generator=gen) * cfg.n_heads**-0.5).to(device)
+    qc, wf = quantize_queries(q, w)
+    qf = qc.view(torch.float8_e4m3fn).float()
+    k_deq = ix.cache.dequantize_row(table[0], n).float()  # [n, D]
+    seen = torch.arange(1, tokens + 1, device=device) // cfg.compress_ratio
+    chunk = max(1, (256 << 20) // (4 * n * cfg.n_heads))
+    pos = torch.arange(n, device=device)
+
+    def torch_prefill():
+        out = []
+        for a in range(0, tokens, chunk):
+            b = min(tokens, a + chunk)
+            s = torch.einsum("thd,nd->thn", qf[a:b], k_deq).relu()
+            logits = (s * wf[a:b, :, None]).sum(1)
+            logits = logits.masked_fill(pos[None, :] >= seen[a:b, None], float("-inf"))
+            out.append(torch.topk(logits, min(cfg.topk, n), dim=1).indices)
+        return torch.cat(out)
+
+    def ours_prefill():
+        return ix.context_topk(qc, wf, table, [tokens])
+
+    row = {"preset": cfg.name, "format": cfg.key_format, "tokens": tokens, "keys": n,
+           "K": cfg.topk}  # fmt: skip
+    if device == "cuda":
+        t_ours, t_torch = _events_ms(ours_prefill), _events_ms(torch_prefill)
+        row.update(ours_ms=t_ours, torch_ms=t_torch, x_torch=t_torch / t_ours,
+                   ours_us_per_token=1000 * t_ours / tokens)  # fmt: skip
+    want = torch_prefill()
+    want = torch.where(want < seen[:, None], want, n).sort(1).values  # valid first, ascending
+    got = ours_prefill()[:, : want.shape[1]].long()
+    got = torch.where(got >= 0, got, n)  # pads (-1, at the end) as past every key
+    row["tokens_equal_to_torch"] = int((got == want).all(1).sum())
+    return row
+
+
 def geomean(xs) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -226,10 +302,19 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None, help="directory for dsv4-indexer.json / .md")
     ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--prefill", action="store_true",
+                    help="time Indexer.context_topk (every prompt token's selection) instead")  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("dsv4-indexer bench needs a CUDA device")
         return 1
+    if args.prefill:
+        rows = [prefill_row(config.preset(p).with_(key_format=f), t)
+                for p, f in (("v4-flash", "fp8"), ("v4-pro", "fp4")) for t in PREFILL_TOKENS]  # fmt: skip
+        print(markdown_table(rows))
+        if args.out:
+            write_results("dsv4-indexer-prefill", rows, args.out)
+        return 0
 
     def save(rows):
         if args.out:

@@ -65,6 +65,8 @@ def register(subparsers) -> None:
         default=None,
         help="stop starting new cells after this many seconds (default: the bench's)",
     )
+    b.add_argument("--prefill", action="store_true",
+                   help="time every prompt token's selection (Indexer.context_topk) instead")  # fmt: skip
     b.set_defaults(func=_bench)
 
 
@@ -74,7 +76,7 @@ def _bench(args) -> int:
     argv = (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
     if args.budget_s is not None:
         argv += ["--budget-s", str(args.budget_s)]
-    return bench.main(argv)
+    return bench.main(argv + (["--prefill"] if args.prefill else []))
 
 
 def _print_demo() -> int:
