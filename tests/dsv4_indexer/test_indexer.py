@@ -287,6 +287,8 @@ def test_context_topk_errors_say_what_was_expected():
         ix.context_topk(q, w, table, [5, 7])
     with pytest.raises(ValueError, match=">= 0"):
         ix.context_topk(q, w, table, [5, 6], starts=[0, -1])
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 1, got 0"):
+        ix.context_topk(q, w, table, [5, 6], chunk_tokens=0)
     with pytest.raises(ValueError, match="pages of 32"):
         ix.context_topk(q, w, table, [5, 6], starts=[0, 4000])
     assert ix.context_topk(q[:0], w[:0], table, [0, 0]).shape == (0, cfg.topk)

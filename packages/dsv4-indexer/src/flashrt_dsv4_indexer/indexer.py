@@ -220,6 +220,8 @@ class Indexer:
             )
         if min(counts + starts, default=0) < 0:
             raise ValueError("Indexer.context_topk: token_counts and starts must be >= 0")
+        if chunk_tokens is not None and chunk_tokens < 1:
+            raise ValueError(f"Indexer.context_topk: chunk_tokens must be >= 1, got {chunk_tokens}")
         if q.shape[0] != total or weights.shape[0] != total:
             raise ValueError(
                 f"Indexer.context_topk: q and weights need sum(token_counts) = {total} rows, got "
