@@ -407,10 +407,11 @@ struct GlobalRow {  // the row itself
     __device__ int index(int i) const { return i; }
 };
 
-struct SmemKeys {  // a short row's keys in shared memory
+struct SmemKeys {  // a short row's keys in shared memory (a cluster block's: from `base` on)
     const u32* k;
+    int base = 0;
     __device__ u32 key(int i) const { return k[i]; }
-    __device__ int index(int i) const { return i; }
+    __device__ int index(int i) const { return base + i; }
 };
 
 struct SmemPairs {  // candidates in shared memory, in index order
@@ -653,8 +654,9 @@ __device__ void load_short_row(const void* row, int len, u32* keys, int* hist, i
 // of its region get key 0 (below every real key: no digit pass counts it, emission skips it).
 // The regions in warp order are then the candidates in index order, a source of nw *
 // REGION_SLOTS entries (SmemPairs). Returns false (every thread) when some warp has more than
-// REGION_SLOTS of them; keys[] is left as it was either way.
-__device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck, int* ci) {
+// REGION_SLOTS of them; keys[] is left as it was either way. Indices are stored as base + i.
+__device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck, int* ci,
+                                int base_index) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 below = (1u << lane) - 1u;
     u32* my_k = ck + warp * REGION_SLOTS;
@@ -687,7 +689,7 @@ __device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck,
             if (sel[j]) {
                 if (p < REGION_SLOTS) {
                     my_k[p] = u[j];
-                    my_i[p] = i0 + j;
+                    my_i[p] = base_index + i0 + j;
                 }
                 ++p;
             }
