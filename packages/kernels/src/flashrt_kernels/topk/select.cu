@@ -624,7 +624,9 @@ __device__ __forceinline__ int cluster_load(const int* local, u32 rank) {
                  : "=r"(a) : "l"(local));
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     int v;
-    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(r) : "memory");
+    // (volatile keeps it between the cluster barriers, whose asm clobbers memory; no clobber
+    // here, so that a loop's loads can all be in flight at once)
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(r));
     return v;
 }
 
