@@ -9,7 +9,7 @@ one-block rows (``N <= SHORT_MAX``), the multi-launch path hint-free and with th
 selection as the hint (``clusters=False``), and the thread-block clusters
 (``clusters=True``, where ``cluster_plan`` allows: they take no hint), beside ``torch.topk``;
 and checks each path's result bit for bit against the reference. ``auto`` names the path the
-backend picks. Run it through ``tools/gpu_run.py``'s environment (every ``packages/*/src`` on
+backend picks for a hint-free call. Run it through ``tools/gpu_run.py``'s environment (every ``packages/*/src`` on
 ``PYTHONPATH``).
 """
 
@@ -78,7 +78,7 @@ def cell(b: int, n: int, k: int) -> dict:
             ov.cpu().view(torch.int32), want[0].view(torch.int32)
         )
         row[f"{name}_exact"] = exact
-    chosen = cuda_select._use_clusters(b, n, dev, None, None)
+    chosen = cuda_select._use_clusters(b, n, dev, None, None, False)
     row["auto"] = "clusters" if chosen else ("one block" if n <= cuda_select.SHORT_MAX else "multi")
     return row
 

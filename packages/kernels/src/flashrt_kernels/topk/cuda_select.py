@@ -79,9 +79,10 @@ MAX_SMEM = _finish_smem(SHORT_MAX, True)  # the finishing block's largest need
 
 
 def _cluster_smem(chunk: int) -> int:
-    """Bytes of shared memory a cluster block needs: three histograms, scratch, the candidate
-    regions (keys and indices, 128 slots a warp) and its part of the row."""
-    return 4 * (2 * HIST_BINS + 256 + SCRATCH_WORDS + 2 * (FINISH_THREADS // 32) * 128 + chunk)
+    """Bytes of shared memory a cluster block needs: three histograms and their cluster sums,
+    scratch, the candidate regions (keys and indices, 128 slots a warp) and its part of the
+    row."""
+    return 4 * (3 * HIST_BINS + 256 + SCRATCH_WORDS + 2 * (FINISH_THREADS // 32) * 128 + chunk)
 
 
 CLUSTER_SMEM = _cluster_smem(CLUSTER_CHUNK_MAX)
@@ -205,13 +206,19 @@ def cluster_plan(b: int, n: int, device: torch.device) -> tuple[int, int] | None
     return None
 
 
-def _use_clusters(b: int, n: int, device, split, clusters: bool | None):
-    """The cluster plan of this call, or None. ``clusters``: None chooses (rows longer than
-    ``SHORT_MAX`` without an explicit ``split``), True takes the cluster path wherever
-    ``cluster_plan`` allows, False never."""
-    if clusters is False or (clusters is None and (split is not None or n <= SHORT_MAX)):
+def _use_clusters(b: int, n: int, device, split, clusters: bool | None, hinted: bool):
+    """The cluster plan of this call, or None. ``clusters`` True takes the cluster path wherever
+    ``cluster_plan`` allows, False never; None chooses it for hint-free rows longer than
+    ``SHORT_MAX`` without an explicit ``split`` whose clusters take at most half the SMs
+    (measured on an H100, docs/kernels/topk.md: B <= 8 at 8 blocks a row; 16 rows of 8 blocks
+    were slower than the multi-launch path, and so was every cluster against the hinted
+    multi-launch path at B = 1)."""
+    if clusters is not None:
+        return cluster_plan(b, n, device) if clusters else None
+    if split is not None or n <= SHORT_MAX or hinted:
         return None
-    return cluster_plan(b, n, device)
+    c = cluster_plan(b, n, device)
+    return c if c is not None and b * c[0] <= sm_count(device.index or 0) // 2 else None
 
 
 def _workspace(device, b: int, s: int, chunk: int) -> dict[str, torch.Tensor]:
@@ -279,7 +286,7 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
     b, n = scores.shape
     dev = scores.device
     dt = _DT[scores.dtype]
-    cluster = _use_clusters(b, n, dev, split, clusters)
+    cluster = _use_clusters(b, n, dev, split, clusters, hint is not None)
     i32, i64 = np.int32, np.int64
     sc, stride, ln = _ptr(scores), i64(scores.stride(0)), _ptr(lengths)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
