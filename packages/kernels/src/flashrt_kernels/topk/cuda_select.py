@@ -79,10 +79,9 @@ MAX_SMEM = _finish_smem(SHORT_MAX, True)  # the finishing block's largest need
 
 
 def _cluster_smem(chunk: int) -> int:
-    """Bytes of shared memory a cluster block needs: three histograms and their cluster sums,
-    scratch, the candidate regions (keys and indices, 128 slots a warp) and its part of the
-    row."""
-    return 4 * (3 * HIST_BINS + 256 + SCRATCH_WORDS + 2 * (FINISH_THREADS // 32) * 128 + chunk)
+    """Bytes of shared memory a cluster block needs: three histograms, scratch, the candidate
+    regions (keys and indices, 128 slots a warp) and its part of the row."""
+    return 4 * (2 * HIST_BINS + 256 + SCRATCH_WORDS + 2 * (FINISH_THREADS // 32) * 128 + chunk)
 
 
 CLUSTER_SMEM = _cluster_smem(CLUSTER_CHUNK_MAX)

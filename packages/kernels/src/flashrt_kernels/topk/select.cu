@@ -597,13 +597,12 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
 // A row of at most C x chunk elements is searched by a cluster of C blocks (its rank r holds
 // elements [r chunk, (r + 1) chunk) in shared memory, loaded as a short row is, with digit pass 0
 // counted on the way). Each digit pass's histogram is summed over the cluster through distributed
-// shared memory into every block's `sum`, so every block finds the same buckets. Each block then
-// works on its own part alone: it compacts its candidates into per-warp regions as a short row
-// does (or, when some warp's range holds more than its region, reads all of its keys: the counts
-// are the same either way), and writes its part of the selection at the offset the blocks of
-// lower rank leave, which it reads from their shared memory: each block's count of keys above the
-// bucket of passes 0-1, and its pass 2 histogram. Four cluster barriers in all (one a pass, one
-// before leaving); every branch between them is the block's own.
+// shared memory, so every block finds the same buckets; each block compacts its own candidates
+// into per-warp regions (or, when some warp's range holds more than its region, the passes and
+// the emission read all of its keys), and writes its part of the selection at the offset that the
+// blocks of lower rank leave (their counts of keys > T and == T, read from their shared memory).
+// Every branch below depends only on the row and on cluster-wide values, so every block of a
+// cluster takes the same barriers.
 
 __device__ __forceinline__ u32 cluster_rank() {
     u32 r;
@@ -618,86 +617,84 @@ __device__ __forceinline__ void cluster_sync() {
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The address of `local` (shared memory) in the cluster's block `rank`.
-__device__ __forceinline__ u32 cluster_addr(const void* local, u32 rank) {
+// The int at `local`'s offset in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ int cluster_load(const int* local, u32 rank) {
     u32 a, r;
     asm volatile("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }"
                  : "=r"(a) : "l"(local));
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-
-// (volatile keeps these loads between the cluster barriers, whose asm clobbers memory; no
-// clobber here, so that a loop's loads can all be in flight at once)
-__device__ __forceinline__ int cluster_load(const int* local, u32 rank) {
     int v;
-    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(cluster_addr(local, rank)));
+    // (volatile keeps it between the cluster barriers, whose asm clobbers memory; no clobber
+    // here, so that a loop's loads can all be in flight at once)
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(r));
     return v;
 }
 
-__device__ __forceinline__ int4 cluster_load4(const int* local, u32 rank) {  // 16-byte aligned
-    int4 v;
-    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(cluster_addr(local, rank)));
-    return v;
-}
-
-// sum[0..nb) = h[0..nb) summed over the cluster's blocks (nb <= 4 x blockDim, a multiple of 4;
-// h 16-byte aligned). After one cluster barrier every block reads every block's h, which nobody
-// writes again (each pass has its own h), four bins a load.
+// h[0..nb) summed over the cluster's blocks into every block's h: block r first sums the r-th
+// of C equal parts of the bins from every block (only r reads that part of r's h), then reads
+// the other parts from their owners (who no longer write them). No block may write h after this
+// before a later cluster_sync: the others may still be reading its part.
 template <int C>
-__device__ void cluster_sum(const int* h, int* sum, int nb) {
+__device__ void cluster_sum(int* h, int nb, u32 rank) {
     cluster_sync();  // every block's counts are complete
-    const int j = 4 * threadIdx.x;
-    if (j < nb) {
-        int4 v[C];
+    const int part = nb / C;
+    for (int j = (int)rank * part + threadIdx.x; j < ((int)rank + 1) * part; j += blockDim.x) {
+        int v = 0;
 #pragma unroll
-        for (int q = 0; q < C; ++q) v[q] = cluster_load4(h + j, (u32)q);
-        int4 s = v[0];
-#pragma unroll
-        for (int q = 1; q < C; ++q) {
-            s.x += v[q].x;
-            s.y += v[q].y;
-            s.z += v[q].z;
-            s.w += v[q].w;
-        }
-        *(int4*)(sum + j) = s;
+        for (int q = 0; q < C; ++q) v += cluster_load(h + j, (u32)q);
+        h[j] = v;
+    }
+    cluster_sync();  // every part is summed
+    for (int j = threadIdx.x; j < nb; j += blockDim.x) {
+        const u32 owner = (u32)(j / part);
+        if (owner != rank) h[j] = cluster_load(h + j, owner);
     }
     __syncthreads();
 }
 
-// The keys of h[d + 1 .. nb) (every thread gets the block's total; scratch[84] zeroed before).
-__device__ int count_above(const int* h, int nb, int d, int* scratch) {
-    int c = 0;
-    for (int j = d + 1 + threadIdx.x; j < nb; j += blockDim.x) c += h[j];
-    c = (int)__reduce_add_sync(0xffffffffu, (u32)c);
-    if ((threadIdx.x & 31) == 0 && c) atomicAdd(&scratch[84], c);
-    __syncthreads();
-    c = scratch[84];
-    __syncthreads();
-    if (threadIdx.x == 0) scratch[84] = 0;
-    return c;
-}
-
-// One digit pass (1 or 2) over this block's candidates src[0..count) matching prefix into h
-// (zeroed before), summed over the cluster into sum; then the bucket search over the sums.
-// Pass 1 counts with one atomic per distinct bin of a warp (candidates just above a bound).
+// Digit passes 1 and 2 over this block's candidates src[0..count), their histograms (hist1,
+// hist2: zeroed before) summed over the cluster: T and the ties at T to keep, the same in every
+// block. prefix / need: pass 0's bucket and the rank still needed in it.
 template <int C, class Src>
-__device__ void cluster_pass(const Src& src, int count, int pass, u32* prefix, int* need, int* h,
-                             int* sum, int* scratch) {
-    const int nb = pass_bins(pass), shift = pass_shift(pass);
+__device__ void cluster_search(const Src& src, int count, u32 prefix, int need, int* hist1,
+                               int* hist2, int* scratch, u32 rank, u32* t_out, int* ties_out) {
     for (int base = 0; base < count; base += blockDim.x) {
         const int i = base + threadIdx.x;
         const u32 u = i < count ? src.key(i) : 0u;
-        const bool in = i < count && (u & pass_mask(pass)) == *prefix;
-        const u32 bin = (u >> shift) & (u32)(nb - 1);
-        if (pass == 1) hist_add_peers(h, bin, in);
-        else hist_add(h, bin, in);
+        const u32 bin = (u >> pass_shift(1)) & (u32)(HIST_BINS - 1);
+        hist_add_peers(hist1, bin, i < count && (u & pass_mask(1)) == prefix);
     }
-    cluster_sum<C>(h, sum, nb);
-    find_bucket_warps(sum, nb, *need, scratch + 64, scratch);
-    *prefix |= (u32)scratch[64] << shift;
-    *need -= scratch[65];
+    cluster_sum<C>(hist1, HIST_BINS, rank);
+    find_bucket_warps(hist1, HIST_BINS, need, scratch + 68, scratch);
+    prefix |= (u32)scratch[68] << pass_shift(1);
+    need -= scratch[69];
+    for (int base = 0; base < count; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const u32 u = i < count ? src.key(i) : 0u;
+        hist_add(hist2, u & 255u, i < count && (u & pass_mask(2)) == prefix);
+    }
+    cluster_sum<C>(hist2, 256, rank);
+    find_bucket_warps(hist2, 256, need, scratch + 72, scratch);
+    *t_out = prefix | (u32)scratch[72];
+    *ties_out = need - scratch[73];
+}
+
+// This block's keys > t and == t among src[0..count), into scratch[81] / scratch[82] (zeroed
+// before, read by the blocks of higher rank).
+template <class Src>
+__device__ void count_selected(const Src& src, int count, u32 t, int* scratch) {
+    int gt = 0, eq = 0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        const u32 u = src.key(i);
+        gt += u > t;
+        eq += u == t;
+    }
+    gt = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
+    eq = (int)__reduce_add_sync(0xffffffffu, (u32)eq);
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&scratch[81], gt);
+        atomicAdd(&scratch[82], eq);
+    }
 }
 
 template <int DT, int C>
@@ -705,11 +702,10 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024, 1) cluster_ker
     const void* scores, long long stride, const int* lengths, int n, int k, int chunk,
     int* out_idx, void* out_val, int* state, int state_words) {
     extern __shared__ __align__(16) int smem[];
-    int* hist = smem;                  // HIST_BINS: digit pass 0 of this block's part
+    int* hist = smem;                  // HIST_BINS: digit pass 0
     int* hist1 = hist + HIST_BINS;     // HIST_BINS: pass 1
     int* hist2 = hist1 + HIST_BINS;    // 256: pass 2
-    int* sum = hist2 + 256;            // HIST_BINS: a pass's histogram summed over the cluster
-    int* scratch = sum + HIST_BINS;    // SCRATCH_WORDS
+    int* scratch = hist2 + 256;        // SCRATCH_WORDS
     const int slots = (blockDim.x >> 5) * REGION_SLOTS;
     u32* ck = (u32*)(scratch + SCRATCH_WORDS);  // the candidate regions' keys
     int* ci = (int*)(ck + slots);               // and their indices in the row
@@ -728,43 +724,40 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024, 1) cluster_ker
     u32 t = 0u;
     int ties = 0;
     if (kk > 0) {
-        if (threadIdx.x == 0) scratch[84] = 0;
+        if (threadIdx.x == 0) {
+            scratch[81] = 0;
+            scratch[82] = 0;
+        }
         load_short_row<DT>((const char*)row + (long long)lo * esize, cnt, keys, hist, hist1,
                            hist2);
-        cluster_sum<C>(hist, sum, HIST_BINS);
-        find_bucket_warps(sum, HIST_BINS, kk, scratch + 64, scratch);
-        const int d0 = scratch[64];
-        u32 prefix = (u32)d0 << pass_shift(0);
-        int need = kk - scratch[65];
-        int above = count_above(hist, HIST_BINS, d0, scratch);  // this block's, above d0
+        cluster_sum<C>(hist, HIST_BINS, rank);
+        find_bucket_warps(hist, HIST_BINS, kk, scratch + 64, scratch);
+        const int d0 = scratch[64], above0 = scratch[65];
+        const u32 lo_key = (u32)d0 << pass_shift(0);
+        const bool fits = compact_regions(keys, cnt, lo_key, ck, ci, lo);
+        if (threadIdx.x == 0) scratch[80] = fits;
+        cluster_sync();  // every block's flag
+        const int all = threadIdx.x < C ? cluster_load(scratch + 80, threadIdx.x) : 1;
+        const bool regions = __syncthreads_and(all);
         SmemPairs cand{ck, ci};
         SmemKeys mine{keys, lo};
-        const bool regions = compact_regions(keys, cnt, prefix, ck, ci, lo);
-        if (regions) cluster_pass<C>(cand, slots, 1, &prefix, &need, hist1, sum, scratch);
-        else cluster_pass<C>(mine, cnt, 1, &prefix, &need, hist1, sum, scratch);
-        above += count_above(hist1, HIST_BINS, (int)((prefix >> pass_shift(1)) & 4095u), scratch);
-        if (threadIdx.x == 0) scratch[85] = above;  // read by the blocks of higher rank
-        if (regions) cluster_pass<C>(cand, slots, 2, &prefix, &need, hist2, sum, scratch);
-        else cluster_pass<C>(mine, cnt, 2, &prefix, &need, hist2, sum, scratch);
-        t = prefix;
-        ties = need;
-        // the selected keys of the blocks before this one: keys > t (above the bucket of passes
-        // 0-1, or in it above t's last digit) and keys == t; the ties go to the lowest indices,
-        // so to the lowest ranks first. Warp w reads block w's counts.
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d2 = (int)(t & 255u);
-        if (threadIdx.x < 64) scratch[86 + (threadIdx.x >> 5)] = 0;
-        __syncthreads();
-        if (warp < (int)rank) {
-            int gt = 0;
-            for (int j = d2 + 1 + lane; j < 256; j += 32) gt += cluster_load(hist2 + j, warp);
-            gt = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
-            if (lane == 0) {
-                atomicAdd(&scratch[86], gt + cluster_load(scratch + 85, warp));
-                atomicAdd(&scratch[87], cluster_load(hist2 + d2, warp));
-            }
+        if (regions) {
+            cluster_search<C>(cand, slots, lo_key, kk - above0, hist1, hist2, scratch, rank, &t,
+                              &ties);
+            count_selected(cand, slots, t, scratch);
+        } else {
+            cluster_search<C>(mine, cnt, lo_key, kk - above0, hist1, hist2, scratch, rank, &t,
+                              &ties);
+            count_selected(mine, cnt, t, scratch);
         }
-        __syncthreads();
-        const int gt_before = scratch[86], eq_before = scratch[87];
+        cluster_sync();  // every block's counts
+        // the selected keys of the blocks before this one: keys > t, and keys == t (the ties go
+        // to the lowest indices, so to the lowest ranks first)
+        const int lane = threadIdx.x & 31;
+        const int gt = lane < (int)rank ? cluster_load(scratch + 81, lane) : 0;
+        const int eq = lane < (int)rank ? cluster_load(scratch + 82, lane) : 0;
+        const int gt_before = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
+        const int eq_before = (int)__reduce_add_sync(0xffffffffu, (u32)eq);
         const int mine_ties = ties - eq_before < 0 ? 0 : ties - eq_before;
         const int at = gt_before + (eq_before < ties ? eq_before : ties);
         void* ov_at = (char*)ov + (long long)at * esize;
