@@ -652,32 +652,12 @@ __device__ void cluster_sum(int* h, int nb, u32 rank) {
     __syncthreads();
 }
 
-// Digit passes 1 and 2 over this block's candidates src[0..count), their histograms (hist1,
-// hist2: zeroed before) summed over the cluster: T and the ties at T to keep, the same in every
-// block. prefix / need: pass 0's bucket and the rank still needed in it.
-template <int C, class Src>
-__device__ void cluster_search(const Src& src, int count, u32 prefix, int need, int* hist1,
-                               int* hist2, int* scratch, u32 rank, u32* t_out, int* ties_out) {
-    for (int base = 0; base < count; base += blockDim.x) {
-        const int i = base + threadIdx.x;
-        const u32 u = i < count ? src.key(i) : 0u;
-        const u32 bin = (u >> pass_shift(1)) & (u32)(HIST_BINS - 1);
-        hist_add_peers(hist1, bin, i < count && (u & pass_mask(1)) == prefix);
-    }
-    cluster_sum<C>(hist1, HIST_BINS, rank);
-    find_bucket_warps(hist1, HIST_BINS, need, scratch + 68, scratch);
-    prefix |= (u32)scratch[68] << pass_shift(1);
-    need -= scratch[69];
-    for (int base = 0; base < count; base += blockDim.x) {
-        const int i = base + threadIdx.x;
-        const u32 u = i < count ? src.key(i) : 0u;
-        hist_add(hist2, u & 255u, i < count && (u & pass_mask(2)) == prefix);
-    }
-    cluster_sum<C>(hist2, 256, rank);
-    find_bucket_warps(hist2, 256, need, scratch + 72, scratch);
-    *t_out = prefix | (u32)scratch[72];
-    *ties_out = need - scratch[73];
-}
+// A pass's histogram summed over the cluster (smem_search's `sum` in a cluster block).
+template <int C>
+struct ClusterSum {
+    u32 rank;
+    __device__ void operator()(int* h, int nb) const { cluster_sum<C>(h, nb, rank); }
+};
 
 // This block's keys > t and == t among src[0..count), into scratch[81] / scratch[82] (zeroed
 // before, read by the blocks of higher rank).
@@ -741,13 +721,14 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024, 1) cluster_ker
         const bool regions = __syncthreads_and(all);
         SmemPairs cand{ck, ci};
         SmemKeys mine{keys, lo};
+        const ClusterSum<C> sum{rank};
         if (regions) {
-            cluster_search<C>(cand, slots, lo_key, kk - above0, hist1, hist2, scratch, rank, &t,
-                              &ties);
+            smem_search(cand, slots, 1, lo_key, kk - above0, hist1, hist2, scratch, &t, &ties,
+                        true, sum);
             count_selected(cand, slots, t, scratch);
         } else {
-            cluster_search<C>(mine, cnt, lo_key, kk - above0, hist1, hist2, scratch, rank, &t,
-                              &ties);
+            smem_search(mine, cnt, 1, lo_key, kk - above0, hist1, hist2, scratch, &t, &ties, true,
+                        sum);
             count_selected(mine, cnt, t, scratch);
         }
         cluster_sync();  // every block's counts
