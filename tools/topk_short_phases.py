@@ -25,6 +25,9 @@ sys.path[:0] = sorted(str(p) for p in (ROOT / "packages").glob("*/src"))
 
 from flashrt_kernels.topk import cuda_select  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from topk_timeline import _patch  # noqa: E402  (edits inside one kernel's definition)
+
 PRELUDE = r"""
 __device__ long long g_stamp[16];
 __device__ long long g_wall[2];
@@ -57,10 +60,11 @@ STAMPS = [
         "            STAMP(6);\n",
     ),
     (
-        "    if (state != nullptr && threadIdx.x == 0) {\n",
-        "    STAMP(7);\n    WALL(1);\n    if (state != nullptr && threadIdx.x == 0) {\n",
+        "    row_end<DT>(oi, ov, kk, k, ",
+        "    STAMP(7);\n    WALL(1);\n    row_end<DT>(oi, ov, kk, k, ",
     ),
 ]
+SHARED = 1  # STAMPS[1] is in load_short_row; the others in finish_kernel
 PHASES = ["copy", "pass 0 histogram", "pass 0 bucket", "compaction", "passes 1-2", "emission",
           "pads"]  # fmt: skip
 
@@ -68,11 +72,11 @@ PHASES = ["copy", "pass 0 histogram", "pass 0 bucket", "compaction", "passes 1-2
 def stamped_source() -> str:
     """The CUDA source with the phase stamps; a ValueError names a line that no longer matches."""
     src = PRELUDE + cuda_select.source()
-    for line, stamped in STAMPS:
-        if src.count(line) != 1:
-            raise ValueError(f"topk_short_phases: expected one match of {line!r} in the source")
-        src = src.replace(line, stamped)
-    return src
+    line, stamped = STAMPS[SHARED]
+    if src.count(line) != 1:
+        raise ValueError(f"topk_short_phases: expected one match of {line!r} in the source")
+    src = src.replace(line, stamped)
+    return _patch(src, "finish_kernel", [e for i, e in enumerate(STAMPS) if i != SHARED])
 
 
 def _use(src: str | None):

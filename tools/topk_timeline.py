@@ -114,9 +114,8 @@ STAMPS = {
          f"        EVSYNC({_ev('finish searched')});\n"
          "        block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, nullptr);\n"
          f"        EVSYNC({_ev('finish emitted')});\n", ["finish searched", "finish emitted"]),
-        ("    if (state != nullptr && threadIdx.x == 0) {\n",
-         f"    EVSYNC({_ev('finish end')});\n    if (state != nullptr && threadIdx.x == 0) {{\n",
-         ["finish end"]),
+        ("    row_end<DT>(oi, ov, kk, k, ",
+         f"    EVSYNC({_ev('finish end')});\n    row_end<DT>(oi, ov, kk, k, ", ["finish end"]),
     ],
 }  # fmt: skip
 

@@ -156,16 +156,17 @@ def test_short_rows_in_a_long_engine_route_on_live_lengths():
     with_list = routing.RoutingPolicy(list_max_batch=4)
     assert routing.plan_tier([300, 100_000], policy=with_list) == "list"
     assert routing.plan_tier([70_000] * 64) == "none"  # counts off; rungs measured slower here
-    assert routing.plan_tier([70_000] * 7) == "rungs"  # batch * n <= rungs_max_work
-    assert routing.plan_tier([131_072] * 16) == "rungs"  # 2M: the hint still paid (run 6)
-    assert routing.plan_tier([262_144] * 16) == "none"  # 4M: it lost
+    assert routing.plan_tier([70_000] * 3) == "rungs"  # batch * n <= rungs_max_work
+    assert routing.plan_tier([262_144]) == "rungs"  # B = 1: the hint still paid (run 8)
+    assert routing.plan_tier([131_072] * 4) == "none"  # hint-free clusters were as fast (run 8)
+    assert routing.plan_tier([131_072] * 16) == "none"  # and so was the multi-launch path
     no_cap = routing.RoutingPolicy(rungs_max_work=None)
     assert routing.plan_tier([70_000] * 64, policy=no_cap) == "rungs"
     with_counts = routing.RoutingPolicy(counts_min_work=1 << 22)
     assert routing.plan_tier([70_000] * 64, policy=with_counts) == "counts"
     assert routing.plan_tier([4096] * 8) == "none"  # the CUDA select's one-block rows take no hint
     assert routing.plan_tier([32_768] * 8) == "none"
-    assert routing.plan_tier([32_769] * 8) == "rungs"
+    assert routing.plan_tier([32_769] * 4) == "rungs"
     assert routing.plan_tier([100_000], warm_rows=0) == "none"
     cfg = config.tiny("fp8", 32)
     spec = chains.ChainSpec(slots=2, min_len=40, max_len=60, seed=7)

@@ -221,6 +221,11 @@ def test_cuda_select_compiles_for_sm90_without_a_gpu(tmp_path):
         f"template __global__ void {name}<{dt}>({args});\n"
         for name, args in sig.items()
         for dt in (0, 1, 2)
+    ) + "".join(
+        f"template __global__ void cluster_kernel<{dt}, {c}>(const void*, long long, const int*, "
+        "int, int, int, int*, void*, int*, int);\n"
+        for dt in (0, 1, 2)
+        for c in cuda_select.CLUSTERS
     )
     (tmp_path / "select.cu").write_text(src + "\n" + inst)
     proc = subprocess.run(
@@ -228,7 +233,8 @@ def test_cuda_select_compiles_for_sm90_without_a_gpu(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("Compiling entry function") == 3 * len(sig), proc.stderr[-3000:]
+    entries = 3 * len(sig) + 3 * len(cuda_select.CLUSTERS)
+    assert proc.stderr.count("Compiling entry function") == entries, proc.stderr[-3000:]
     assert " 0 bytes spill stores" in proc.stderr and "bytes spill stores" in proc.stderr
     spills = [ln for ln in proc.stderr.splitlines() if "spill stores" in ln]
     assert all(ln.strip().startswith("0 bytes stack frame, 0 bytes spill") for ln in spills), spills
@@ -250,7 +256,20 @@ def _cuda_or_skip():
 
 def _assert_bits_equal(got, want):
     assert torch.equal(got[1].cpu(), want[1])
-    assert torch.equal(got[0].cpu().view(torch.int32), want[0].view(torch.int32))
+    bits = torch.int32 if want[0].dtype == torch.float32 else torch.int16
+    assert torch.equal(got[0].cpu().view(bits), want[0].view(bits))
+
+
+def _cuda_launch(x, k, *, hint=None, state=None, lengths=None, split=None, clusters=None):
+    """The CUDA select's launches on x (on the GPU) with its path chosen: ``clusters`` False
+    keeps long rows on the multi-launch path, True sends them to thread-block clusters."""
+    from flashrt_kernels.topk import cuda_select
+
+    b = x.shape[0]
+    ov = torch.full((b, k), float("nan"), dtype=x.dtype, device="cuda")
+    oi = torch.full((b, k), -7, dtype=torch.int32, device="cuda")
+    cuda_select.launch(x, k, lengths, ov, oi, state, hint, split, True, clusters)
+    return ov, oi
 
 
 @pytest.mark.gpu
@@ -276,6 +295,58 @@ def test_cuda_short_rows_every_candidate_branch(n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [5000, 40000, 131072, 262144])
+def test_cuda_cluster_rows_every_branch(n):
+    """Rows as thread-block clusters (``cuda_select.cluster_plan``): normal rows; ramps (the top
+    k in the last warps of the last block, or the first of the first: a warp range with more
+    candidates than its region, so every block's passes read all of its keys); a plateau below
+    spikes; all-equal rows (ties across every block); per-row lengths (within one block's part,
+    empty, shorter than k); fp32, bf16, fp16; k from 1 to 4096: the reference's bits and the
+    state as documented. Also 40 rows (two blocks a row, at most 64k long), and a CUDA graph's
+    replay."""
+    _cuda_or_skip()
+    from flashrt_kernels.topk import cuda_select
+    from flashrt_kernels.topk.properties import check_state
+
+    b = 4
+    assert cuda_select.cluster_plan(b, n, torch.device("cuda")) is not None
+    g = torch.Generator().manual_seed(n)
+    ramp = torch.arange(n, dtype=torch.float32).repeat(b, 1) / n
+    ramp[1] = ramp[1].flip(0)
+    spikes = torch.zeros(b, n)
+    spikes[:, ::97] = 1.0
+    rows = {"normal": torch.randn(b, n, generator=g), "ramp": ramp, "spikes": spikes,
+            "flat": torch.full((b, n), 0.5)}  # fmt: skip
+    lens = torch.tensor([n, max(n - 4097, 1), min(3000, n), 0], dtype=torch.int32)
+    for x in rows.values():
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            xd = x.to(dtype)
+            for k in (1, 129, 2048, 4096):
+                for ln in (None, lens):
+                    want = reference.topk(xd, k, ln)
+                    state = st.new_state(b, "cuda")
+                    cl = None if ln is None else ln.cuda()
+                    got = _cuda_launch(xd.cuda(), k, state=state, lengths=cl, clusters=True)
+                    _assert_bits_equal(got, want)
+                    check_state(state, xd, k, ln, want[0])
+    if n <= 65536:  # two blocks a row
+        x = torch.randn(40, n, generator=g).cuda()
+        assert cuda_select.cluster_plan(40, n, x.device)[0] == 2
+        _assert_bits_equal(_cuda_launch(x, 512, clusters=True), reference.topk(x.cpu(), 512))
+    ov = torch.full((b, 512), float("nan"), device="cuda")
+    oi = torch.full((b, 512), -7, dtype=torch.int32, device="cuda")
+    x = rows["normal"].cuda()
+    cuda_select.launch(x, 512, None, ov, oi, None, None, None, True, True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_select.launch(x, 512, None, ov, oi, None, None, None, True, True)
+    ov.fill_(float("nan"))
+    oi.fill_(-7)
+    graph.replay()
+    _assert_bits_equal((ov, oi), reference.topk(x.cpu(), 512))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 512, 2048, 4096])
 def test_cuda_bound_on_rows_with_structure(k):
     """Split rows whose group maxima say little (the top values all in one group, every 8192nd
@@ -292,10 +363,11 @@ def test_cuda_bound_on_rows_with_structure(k):
     spikes = torch.zeros(2, n)
     spikes[:, ::1001] = 1.0
     for x in (one_group, ramp, spikes, torch.randn(2, n, generator=g)):
-        state = st.new_state(2, "cuda")
         want = reference.topk(x, k)
-        _assert_bits_equal(topk(x.cuda(), k, state=state, backend="cuda"), want)
-        check_state(state, x, k, None, want[0])
+        for clusters in (True, False):  # the multi-launch path last: its bound is checked
+            state = st.new_state(2, "cuda")
+            _assert_bits_equal(_cuda_launch(x.cuda(), k, state=state, clusters=clusters), want)
+            check_state(state, x, k, None, want[0])
     check_cuda_bound(state, k, n, None)  # the unstructured rows
 
 
@@ -316,7 +388,8 @@ def test_cuda_hint_from_a_drifted_step(drift, dtype):
         hint = reference.topk(prev, k)[1]
         want = reference.topk(x, k)
         state = st.new_state(b, "cuda")
-        _assert_bits_equal(topk(x.cuda(), k, hint=hint.cuda(), state=state, backend="cuda"), want)
+        got = _cuda_launch(x.cuda(), k, hint=hint.cuda(), state=state, clusters=False)
+        _assert_bits_equal(got, want)
         check_state(state, x, k, None, want[0])
 
 
@@ -391,7 +464,7 @@ def test_cuda_bound_every_group_layout(n, ks, split, lengths):
             ov = torch.full((2, k), float("nan"), dtype=dtype, device="cuda")
             oi = torch.full((2, k), -7, dtype=torch.int32, device="cuda")
             cl = None if lens is None else lens.cuda()
-            cuda_select.launch(x.cuda(), k, cl, ov, oi, state, None, split)
+            cuda_select.launch(x.cuda(), k, cl, ov, oi, state, None, split, True, False)
             assert torch.equal(oi.cpu(), want[1])
             bits = torch.int32 if dtype == torch.float32 else torch.int16
             assert torch.equal(ov.cpu().view(bits), want[0].view(bits))
@@ -423,9 +496,10 @@ def test_cuda_values_keep_their_bits(n):
         view = torch.int32 if dtype == torch.float32 else torch.int16
         for k in (1, 512, 2048, 4096):
             want = reference.topk(xd, k)
-            got = topk(xd.cuda(), k, backend="cuda")
-            assert torch.equal(got[1].cpu(), want[1])
-            assert torch.equal(got[0].cpu().view(view), want[0].view(view))
+            for clusters in (None, False, True):  # short rows; split rows; clusters
+                got = _cuda_launch(xd.cuda(), k, clusters=clusters)
+                assert torch.equal(got[1].cpu(), want[1])
+                assert torch.equal(got[0].cpu().view(view), want[0].view(view))
 
 
 @pytest.mark.gpu
@@ -444,15 +518,15 @@ def test_cuda_programmatic_dependent_launch():
         for pdl in (False, True):
             ov = torch.full((8, k), float("nan"), device="cuda")
             oi = torch.full((8, k), -7, dtype=torch.int32, device="cuda")
-            cuda_select.launch(x, k, None, ov, oi, None, h, None, pdl)
+            cuda_select.launch(x, k, None, ov, oi, None, h, None, pdl, False)
             outs.append((ov.view(torch.int32).clone(), oi.clone()))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
         ov = torch.full((8, k), float("nan"), device="cuda")
         oi = torch.full((8, k), -7, dtype=torch.int32, device="cuda")
-        cuda_select.launch(x, k, None, ov, oi, None, h, None, True)  # the workspace exists
+        cuda_select.launch(x, k, None, ov, oi, None, h, None, True, False)  # workspace exists
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            cuda_select.launch(x, k, None, ov, oi, None, h, None, True)
+            cuda_select.launch(x, k, None, ov, oi, None, h, None, True, False)
         ov.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()

@@ -222,8 +222,10 @@ def prefill_row(cfg, tokens: int, device: str = DEVICE, seed: int = 0,
     """``Indexer.context_topk`` for one prompt of ``tokens`` tokens (every token's selection)
     against (a): the prompt's keys dequantized once, torch logits from the same e4m3 query codes
     with each token's causal key count, ``torch.topk``, 256 MB of scores at a time.
-    ``tokens_equal_to_torch``: tokens whose selection equals (a)'s (the logits differ only in
-    fp32 rounding, so a difference is a near-tie, counted, not an error)."""
+    ``tokens_equal_to_torch``: tokens whose selection equals (a)'s. The logits differ by the
+    kernel's rounding (fp8: Hopper's fp8 MMA accumulates with a reduced mantissa, within the
+    faithful contract's 2^-8 of the logits' magnitude; fp4: fp32 rounding), so a difference is a
+    near-tie at the K-th logit, counted, not an error."""
     from flashrt_dsv4_indexer.key_cache import quantize_queries
 
     gen = torch.Generator().manual_seed(seed)

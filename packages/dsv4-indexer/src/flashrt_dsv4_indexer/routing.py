@@ -13,10 +13,10 @@ and at the batch size:
 - ``rungs`` (previous-step indices only, no emission) where ``batch * n <= rungs_max_work``;
 - ``none`` otherwise: on decode chains whose queries drift between steps, the hinted CUDA select
   (with the sampled thresholds of its counting pass, 2026-12-06, docs/dsv4-indexer.md run 6)
-  beat the hint-free one by 1.02-1.33x up to ``batch * n`` = 2M (B = 1-4 at 128k-256k, B = 16 at
-  128k) and lost 0.90-0.96x from B = 16 at 256k and at B >= 64 (the guess's surplus candidates
-  cost the finishing blocks more than the hint-free bound pass costs). Before those thresholds
-  (run 4) it lost from B = 4 at 256k, hence the earlier 2^19.
+  beat the hint-free one by 1.02-1.33x up to ``batch * n`` = 2M and lost from B = 16 at 256k.
+  Since the hint-free select takes long rows at B <= 8 as thread-block clusters (run 8, the same
+  day), the hinted one still wins at B = 1 (1.03-1.14x at 128k-256k) but no longer at B = 4
+  (0.95-1.00x) or B = 16 at 128k (0.97x), hence 2^18 (2^19 before run 6, 2^21 after it).
 The ``list`` and ``counts`` tiers are off by default: measured on the H200 (docs/dsv4-indexer.md),
 their consumers (flashrt-kernels' Triton select) were no faster than the hint-free top-K while
 their emissions cost logits time (counts: +32-42%).
@@ -39,7 +39,7 @@ class RoutingPolicy:
     # too, so it lost (0.58x) on every cell it was picked; pass a policy to turn it on.
     list_max_batch: int = 0
     counts_min_work: int | None = None  # batch * n; None: the counts tier is off
-    rungs_max_work: int | None = 1 << 21  # batch * n; None: rungs wherever assisted
+    rungs_max_work: int | None = 1 << 18  # batch * n; None: rungs wherever assisted
 
 
 DEFAULT_POLICY = RoutingPolicy()

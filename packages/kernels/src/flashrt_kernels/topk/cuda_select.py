@@ -6,7 +6,11 @@ CUDA 13 wheels install), so the backend needs no CuPy.
 
 One call is, by the rows' length ``N``:
 - ``N <= SHORT_MAX``: the finishing kernel alone (one block per row, the row in shared memory);
-- longer rows: ``S`` blocks per row for each pass over the row --
+- longer rows, where ``cluster_plan`` finds a cluster size whose blocks hold the row and fill at
+  most one wave: ``cluster_kernel`` alone (a thread-block cluster of ``C`` blocks per row, each
+  with a part of the row in shared memory, the digit passes' histograms summed over the cluster
+  through distributed shared memory);
+- other long rows: ``S`` blocks per row for each pass over the row --
   ``bound_kernel`` (hint-free only: a lower bound on the K-th key from group maxima),
   ``count_kernel`` (eight thresholds from the bound, or from the hint, counted exactly; the keys
   >= the first compacted), three ``step_kernel`` launches (digit passes or a compaction, only
@@ -49,6 +53,9 @@ BOUND_SLOTS = 2 * 8192  # select.cu's BOUND_SLOTS: group maxima of the hint-free
 CTRL_WORDS = 32
 STEPS = 3  # step launches after the counting pass (digit passes 0..2 end in a known K-th key)
 FINISH_THREADS = 1024
+CLUSTERS = (8, 4, 2)  # blocks per row of the cluster path, largest first (8: the portable limit)
+CLUSTER_CHUNK_MAX = 32768  # elements one block of a cluster holds in shared memory
+CLUSTER_ALIGN = 1024  # a cluster block's part starts on a multiple of this (16-byte copies)
 
 
 AUX_WORDS = 8192 + 8192 // 4 + 64 + HIST_BINS + 256  # select_block.cu's AUX_WORDS: a narrowed
@@ -69,6 +76,15 @@ def _finish_smem(short_max: int, multi: bool) -> int:
 
 
 MAX_SMEM = _finish_smem(SHORT_MAX, True)  # the finishing block's largest need
+
+
+def _cluster_smem(chunk: int) -> int:
+    """Bytes of shared memory a cluster block needs: three histograms, scratch, the candidate
+    regions (keys and indices, 128 slots a warp) and its part of the row."""
+    return 4 * (2 * HIST_BINS + 256 + SCRATCH_WORDS + 2 * (FINISH_THREADS // 32) * 128 + chunk)
+
+
+CLUSTER_SMEM = _cluster_smem(CLUSTER_CHUNK_MAX)
 KERNELS = ("bound_kernel", "count_kernel", "step_kernel", "finish_kernel")
 _DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _WORKSPACES: dict[tuple, dict[str, torch.Tensor]] = {}
@@ -83,7 +99,9 @@ def source() -> str:
     return "\n".join(pkg.joinpath(name).read_text() for name in SOURCES)
 
 
-NAMES = [f"{f}<{d}>" for f in KERNELS for d in (0, 1, 2)]  # every kernel, every score dtype
+NAMES = [f"{f}<{d}>" for f in KERNELS for d in (0, 1, 2)] + [  # every kernel, every score dtype
+    f"cluster_kernel<{d}, {c}>" for d in (0, 1, 2) for c in CLUSTERS
+]
 
 
 def compiler() -> str:
@@ -110,6 +128,8 @@ def _nvrtc_module(device_index: int) -> cuda_nvrtc.Module:
     mod = cuda_nvrtc.Module(cubin, lowered, device_index)
     for dt in (0, 1, 2):
         mod.set_max_dynamic_smem(f"finish_kernel<{dt}>", MAX_SMEM)
+        for c in CLUSTERS:
+            mod.set_max_dynamic_smem(f"cluster_kernel<{dt}, {c}>", CLUSTER_SMEM)
     return mod
 
 
@@ -119,17 +139,18 @@ class _Kernel(NamedTuple):
 
 
 @functools.cache
-def _kernel(name: str, dt: int, how: str, device_index: int) -> _Kernel:
+def _kernel(name: str, targs: str, how: str, device_index: int) -> _Kernel:
+    """Kernel ``name<targs>`` (``targs``: its template arguments, e.g. ``"0"`` or ``"0, 8"``)."""
     if how == "nvrtc":
-        return _Kernel(_nvrtc_module(device_index).function(f"{name}<{dt}>"), None)
+        return _Kernel(_nvrtc_module(device_index).function(f"{name}<{targs}>"), None)
     import cupy
 
-    kern = _module().get_function(f"{name}<{dt}>")
+    kern = _module().get_function(f"{name}<{targs}>")
     fn = kern.function if hasattr(type(kern), "function") else kern.kernel
-    if name == "finish_kernel":  # opt in to the largest shared-memory size a call asks for
+    smem = {"finish_kernel": MAX_SMEM, "cluster_kernel": CLUSTER_SMEM}.get(name)
+    if smem:  # opt in to the largest shared-memory size a call asks for
         drv = cupy.cuda.driver
-        drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                             MAX_SMEM)  # fmt: skip
+        drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
     return _Kernel(fn.ptr, kern)
 
 
@@ -169,6 +190,34 @@ def plan(b: int, n: int, device: torch.device, split: int | None = None) -> tupl
     split = max(1, min(split, math.ceil(max(n, 1) / TILE), 1024))
     chunk = math.ceil(math.ceil(max(n, 1) / split) / TILE) * TILE
     return math.ceil(max(n, 1) / chunk), chunk, short_max
+
+
+def cluster_plan(b: int, n: int, device: torch.device) -> tuple[int, int] | None:
+    """(C, chunk): blocks per row of the cluster path and elements per block, or None where it
+    does not apply: the largest C of ``CLUSTERS`` whose ``b x C`` blocks (one an SM: each holds
+    its part of the row in shared memory) fit one wave, with the row's parts at most
+    ``CLUSTER_CHUNK_MAX`` long."""
+    sms = sm_count(device.index or 0)
+    for c in CLUSTERS:
+        if b * c <= sms:
+            chunk = math.ceil(math.ceil(max(n, 1) / c) / CLUSTER_ALIGN) * CLUSTER_ALIGN
+            return (c, chunk) if chunk <= CLUSTER_CHUNK_MAX else None
+    return None
+
+
+def _use_clusters(b: int, n: int, device, split, clusters: bool | None, hinted: bool):
+    """The cluster plan of this call, or None. ``clusters`` True takes the cluster path wherever
+    ``cluster_plan`` allows, False never; None chooses it for hint-free rows longer than
+    ``SHORT_MAX`` without an explicit ``split`` whose clusters take at most half the SMs
+    (measured on an H100, docs/kernels/topk.md: B <= 8 at 8 blocks a row; 16 rows of 8 blocks
+    were slower than the multi-launch path, and so was every cluster against the hinted
+    multi-launch path at B = 1)."""
+    if clusters is not None:
+        return cluster_plan(b, n, device) if clusters else None
+    if split is not None or n <= SHORT_MAX or hinted:
+        return None
+    c = cluster_plan(b, n, device)
+    return c if c is not None and b * c[0] <= sm_count(device.index or 0) // 2 else None
 
 
 def _workspace(device, b: int, s: int, chunk: int) -> dict[str, torch.Tensor]:
@@ -228,27 +277,24 @@ def _ptr(t: torch.Tensor | None) -> np.uint64:
 
 
 def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
-           pdl: bool = True) -> None:  # fmt: skip
+           pdl: bool = True, clusters: bool | None = None) -> None:  # fmt: skip
     """All launches of one call (inputs validated by ``api``). ``pdl``: programmatic dependent
     launches where available (see the module docstring); False launches without (through CuPy
-    where it compiled the source)."""
+    where it compiled the source). ``clusters``: see ``_use_clusters`` (the cluster path takes
+    no hint: it reads every row once anyway)."""
     b, n = scores.shape
     dev = scores.device
     dt = _DT[scores.dtype]
-    s, chunk, short_max = plan(b, n, dev, split)
-    ws = _workspace(dev, b, s, chunk)
-    segcap = max(1, min(chunk, CAP))
-    smem = _finish_smem(short_max, bool(s))
+    cluster = _use_clusters(b, n, dev, split, clusters, hint is not None)
     i32, i64 = np.int32, np.int64
     sc, stride, ln = _ptr(scores), i64(scores.stride(0)), _ptr(lengths)
-    ctrl, seg, segcnt = _ptr(ws["ctrl"]), _ptr(ws["seg"]), _ptr(ws["segcnt"])
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     handle = torch.cuda.current_stream(dev).cuda_stream
     how = compiler()
     use_pdl = pdl and pdl_available()
 
-    def run(name, grid, block, args, shared_mem=0):
-        kern = _kernel(name, dt, how, index)
+    def run(name, grid, block, args, shared_mem=0, targs=str(dt)):
+        kern = _kernel(name, targs, how, index)
         if use_pdl and _launch_pdl(kern, grid, block, args, shared_mem, handle):
             return
         if kern.cupy is not None:
@@ -259,6 +305,16 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
             raise RuntimeError(f"topk cuda: launching {name} failed (CUresult {err})")
 
     with _launch_context(how, index, handle):
+        if cluster is not None:
+            c, part = cluster
+            run("cluster_kernel", (c, b), (FINISH_THREADS,),
+                (sc, stride, ln, i32(n), i32(k), i32(part), _ptr(out_indices), _ptr(out_values),
+                 _ptr(state), i32(st.STATE_WORDS)), _cluster_smem(part), f"{dt}, {c}")  # fmt: skip
+            return
+        s, chunk, short_max = plan(b, n, dev, split)
+        ws = _workspace(dev, b, s, chunk)
+        segcap = max(1, min(chunk, CAP))
+        ctrl, seg, segcnt = _ptr(ws["ctrl"]), _ptr(ws["seg"]), _ptr(ws["segcnt"])
         if s:
             grid, block = (s, b), (512,)
             if hint is None:
@@ -277,4 +333,4 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
             (sc, stride, ln, i32(n), i32(k), i32(max(s, 1)), i32(segcap), i32(short_max),
              i32(1 if s else 0), i32(_keys_words(short_max, bool(s))), ctrl, seg, segcnt,
              _ptr(out_indices), _ptr(out_values), _ptr(state), i32(st.STATE_WORDS)),
-            smem)  # fmt: skip
+            _finish_smem(short_max, bool(s)))  # fmt: skip

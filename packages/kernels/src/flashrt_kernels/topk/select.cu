@@ -453,6 +453,33 @@ __global__ void __launch_bounds__(512) count_kernel(
 // ---------------------------------------------------------------------------------------------
 // the finishing block: one per row
 
+// The end of a row's call, by the block(s) that wrote its selection: the pads past kk and the
+// published state (s: the row's state words, or nullptr). `tried` is thread q's word q of the
+// counting pass's thresholds and counts (q < 16; read where rounds > 0).
+template <int DT>
+__device__ void row_end(int* oi, void* ov, int kk, int k, int* s, u32 t, u32 acc_key,
+                        int acc_count, int rounds, int tried, int len) {
+    for (int j = kk + threadIdx.x; j < k; j += blockDim.x) {
+        oi[j] = -1;
+        write_pad<DT>(ov, j);
+    }
+    if (s != nullptr && threadIdx.x < 16) {  // the tried thresholds, one word per thread
+        const int q = threadIdx.x & 7, v = rounds > 0 ? tried : 0;
+        if (threadIdx.x < 8) s[STATE_TRIED_KEY + q] = rounds > 0 ? (int)((u32)v ^ 0x80000000u) : 0;
+        else s[STATE_TRIED_COUNT + q] = v;
+    }
+    if (s != nullptr && threadIdx.x == 0) {
+        s[STATE_VALID] = kk > 0;
+        s[STATE_KTH] = kk > 0 ? (int)(t ^ 0x80000000u) : 0;
+        s[STATE_ACC_KEY] = (int)(acc_key ^ 0x80000000u);
+        s[STATE_ACC_COUNT] = kk > 0 ? acc_count : 0;
+        s[STATE_N_TRIED] = rounds > 0 ? 8 : 0;
+        s[STATE_ROUNDS] = rounds;
+        s[STATE_LENGTH] = len;
+        s[STATE_K] = k;
+    }
+}
+
 template <int DT>
 __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas caps it at 32 regs)
     const void* scores, long long stride, const int* lengths, int n, int k, int S, int segcap,
@@ -494,7 +521,7 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
         u32* ck = wk.buf;
         int* ci = (int*)(wk.buf + slots);
         const u32 lo_key = (u32)d0 << pass_shift(0);
-        if (few && compact_regions(keys, len, lo_key, ck, ci)) {
+        if (few && compact_regions(keys, len, lo_key, ck, ci, 0)) {
             SmemPairs src{ck, ci};
             smem_search(src, slots, 1, lo_key, kk - above0, hist1, hist1 + HIST_BINS, scratch, &t,
                         &ties, false);
@@ -560,25 +587,166 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
         acc_count = cr[C_COUNT];
         rounds = cr[C_ROUNDS];
     }
-    for (int j = kk + threadIdx.x; j < k; j += blockDim.x) {
-        oi[j] = -1;
-        write_pad<DT>(ov, j);
+    row_end<DT>(oi, ov, kk, k, state == nullptr ? nullptr : state + (long long)b * state_words,
+                t, acc_key, acc_count, rounds, tried, len);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rows as thread-block clusters: one launch
+
+// A row of at most C x chunk elements is searched by a cluster of C blocks (its rank r holds
+// elements [r chunk, (r + 1) chunk) in shared memory, loaded as a short row is, with digit pass 0
+// counted on the way). Each digit pass's histogram is summed over the cluster through distributed
+// shared memory, so every block finds the same buckets; each block compacts its own candidates
+// into per-warp regions (or, when some warp's range holds more than its region, the passes and
+// the emission read all of its keys), and writes its part of the selection at the offset that the
+// blocks of lower rank leave (their counts of keys > T and == T, read from their shared memory).
+// Every branch below depends only on the row and on cluster-wide values, so every block of a
+// cluster takes the same barriers.
+
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of every block of the cluster arrives (its earlier shared-memory writes released)
+// and waits for the others (their writes acquired).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The int at `local`'s offset in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ int cluster_load(const int* local, u32 rank) {
+    u32 a, r;
+    asm volatile("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }"
+                 : "=r"(a) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    int v;
+    // (volatile keeps it between the cluster barriers, whose asm clobbers memory; no clobber
+    // here, so that a loop's loads can all be in flight at once)
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(r));
+    return v;
+}
+
+// h[0..nb) summed over the cluster's blocks into every block's h: block r first sums the r-th
+// of C equal parts of the bins from every block (only r reads that part of r's h), then reads
+// the other parts from their owners (who no longer write them). No block may write h after this
+// before a later cluster_sync: the others may still be reading its part.
+template <int C>
+__device__ void cluster_sum(int* h, int nb, u32 rank) {
+    cluster_sync();  // every block's counts are complete
+    const int part = nb / C;
+    for (int j = (int)rank * part + threadIdx.x; j < ((int)rank + 1) * part; j += blockDim.x) {
+        int v = 0;
+#pragma unroll
+        for (int q = 0; q < C; ++q) v += cluster_load(h + j, (u32)q);
+        h[j] = v;
     }
-    if (state != nullptr && threadIdx.x < 16) {  // the tried thresholds, one word per thread
-        int* s = state + (long long)b * state_words;
-        const int q = threadIdx.x & 7, v = rounds > 0 ? tried : 0;
-        if (threadIdx.x < 8) s[STATE_TRIED_KEY + q] = rounds > 0 ? (int)((u32)v ^ 0x80000000u) : 0;
-        else s[STATE_TRIED_COUNT + q] = v;
+    cluster_sync();  // every part is summed
+    for (int j = threadIdx.x; j < nb; j += blockDim.x) {
+        const u32 owner = (u32)(j / part);
+        if (owner != rank) h[j] = cluster_load(h + j, owner);
     }
-    if (state != nullptr && threadIdx.x == 0) {
-        int* s = state + (long long)b * state_words;
-        s[STATE_VALID] = kk > 0;
-        s[STATE_KTH] = kk > 0 ? (int)(t ^ 0x80000000u) : 0;
-        s[STATE_ACC_KEY] = (int)(acc_key ^ 0x80000000u);
-        s[STATE_ACC_COUNT] = kk > 0 ? acc_count : 0;
-        s[STATE_N_TRIED] = rounds > 0 ? 8 : 0;
-        s[STATE_ROUNDS] = rounds;
-        s[STATE_LENGTH] = len;
-        s[STATE_K] = k;
+    __syncthreads();
+}
+
+// A pass's histogram summed over the cluster (smem_search's `sum` in a cluster block).
+template <int C>
+struct ClusterSum {
+    u32 rank;
+    __device__ void operator()(int* h, int nb) const { cluster_sum<C>(h, nb, rank); }
+};
+
+// This block's keys > t and == t among src[0..count), into scratch[81] / scratch[82] (zeroed
+// before, read by the blocks of higher rank).
+template <class Src>
+__device__ void count_selected(const Src& src, int count, u32 t, int* scratch) {
+    int gt = 0, eq = 0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        const u32 u = src.key(i);
+        gt += u > t;
+        eq += u == t;
     }
+    gt = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
+    eq = (int)__reduce_add_sync(0xffffffffu, (u32)eq);
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&scratch[81], gt);
+        atomicAdd(&scratch[82], eq);
+    }
+}
+
+template <int DT, int C>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024, 1) cluster_kernel(
+    const void* scores, long long stride, const int* lengths, int n, int k, int chunk,
+    int* out_idx, void* out_val, int* state, int state_words) {
+    extern __shared__ __align__(16) int smem[];
+    int* hist = smem;                  // HIST_BINS: digit pass 0
+    int* hist1 = hist + HIST_BINS;     // HIST_BINS: pass 1
+    int* hist2 = hist1 + HIST_BINS;    // 256: pass 2
+    int* scratch = hist2 + 256;        // SCRATCH_WORDS
+    const int slots = (blockDim.x >> 5) * REGION_SLOTS;
+    u32* ck = (u32*)(scratch + SCRATCH_WORDS);  // the candidate regions' keys
+    int* ci = (int*)(ck + slots);               // and their indices in the row
+    u32* keys = (u32*)(ci + slots);             // this block's part of the row (chunk keys)
+    grid_dependency_wait();
+    const u32 rank = cluster_rank();
+    const int b = blockIdx.y;
+    const int len = row_length(lengths, b, n);
+    const int kk = k < len ? k : len;
+    const int lo = (int)rank * chunk;
+    const int cnt = len - lo < 0 ? 0 : (len - lo < chunk ? len - lo : chunk);
+    const int esize = DT == 0 ? 4 : 2;
+    const void* row = (const char*)scores + (long long)b * stride * esize;
+    int* oi = out_idx + (long long)b * k;
+    void* ov = (char*)out_val + (long long)b * k * esize;
+    u32 t = 0u;
+    int ties = 0;
+    if (kk > 0) {
+        if (threadIdx.x == 0) {
+            scratch[81] = 0;
+            scratch[82] = 0;
+        }
+        load_short_row<DT>((const char*)row + (long long)lo * esize, cnt, keys, hist, hist1,
+                           hist2);
+        cluster_sum<C>(hist, HIST_BINS, rank);
+        find_bucket_warps(hist, HIST_BINS, kk, scratch + 64, scratch);
+        const int d0 = scratch[64], above0 = scratch[65];
+        const u32 lo_key = (u32)d0 << pass_shift(0);
+        const bool fits = compact_regions(keys, cnt, lo_key, ck, ci, lo);
+        if (threadIdx.x == 0) scratch[80] = fits;
+        cluster_sync();  // every block's flag
+        const int all = threadIdx.x < C ? cluster_load(scratch + 80, threadIdx.x) : 1;
+        const bool regions = __syncthreads_and(all);
+        SmemPairs cand{ck, ci};
+        SmemKeys mine{keys, lo};
+        const ClusterSum<C> sum{rank};
+        if (regions) {
+            smem_search(cand, slots, 1, lo_key, kk - above0, hist1, hist2, scratch, &t, &ties,
+                        true, sum);
+            count_selected(cand, slots, t, scratch);
+        } else {
+            smem_search(mine, cnt, 1, lo_key, kk - above0, hist1, hist2, scratch, &t, &ties, true,
+                        sum);
+            count_selected(mine, cnt, t, scratch);
+        }
+        cluster_sync();  // every block's counts
+        // the selected keys of the blocks before this one: keys > t, and keys == t (the ties go
+        // to the lowest indices, so to the lowest ranks first)
+        const int lane = threadIdx.x & 31;
+        const int gt = lane < (int)rank ? cluster_load(scratch + 81, lane) : 0;
+        const int eq = lane < (int)rank ? cluster_load(scratch + 82, lane) : 0;
+        const int gt_before = (int)__reduce_add_sync(0xffffffffu, (u32)gt);
+        const int eq_before = (int)__reduce_add_sync(0xffffffffu, (u32)eq);
+        const int mine_ties = ties - eq_before < 0 ? 0 : ties - eq_before;
+        const int at = gt_before + (eq_before < ties ? eq_before : ties);
+        void* ov_at = (char*)ov + (long long)at * esize;
+        if (regions) emit_regions<DT>(ck, ci, t, mine_ties, oi + at, ov_at, row, scratch);
+        else block_emit<DT>(mine, cnt, t, mine_ties, oi + at, ov_at, row, scratch, nullptr);
+    }
+    if (rank == 0)
+        row_end<DT>(oi, ov, kk, k, state == nullptr ? nullptr : state + (long long)b * state_words,
+                    t, 0u, len, 0, 0, len);
+    cluster_sync();  // no block leaves while another may read its shared memory
 }

@@ -407,10 +407,11 @@ struct GlobalRow {  // the row itself
     __device__ int index(int i) const { return i; }
 };
 
-struct SmemKeys {  // a short row's keys in shared memory
+struct SmemKeys {  // a short row's keys in shared memory (a cluster block's: from `base` on)
     const u32* k;
+    int base = 0;
     __device__ u32 key(int i) const { return k[i]; }
-    __device__ int index(int i) const { return i; }
+    __device__ int index(int i) const { return base + i; }
 };
 
 struct SmemPairs {  // candidates in shared memory, in index order
@@ -653,8 +654,9 @@ __device__ void load_short_row(const void* row, int len, u32* keys, int* hist, i
 // of its region get key 0 (below every real key: no digit pass counts it, emission skips it).
 // The regions in warp order are then the candidates in index order, a source of nw *
 // REGION_SLOTS entries (SmemPairs). Returns false (every thread) when some warp has more than
-// REGION_SLOTS of them; keys[] is left as it was either way.
-__device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck, int* ci) {
+// REGION_SLOTS of them; keys[] is left as it was either way. Indices are stored as base + i.
+__device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck, int* ci,
+                                int base_index) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 below = (1u << lane) - 1u;
     u32* my_k = ck + warp * REGION_SLOTS;
@@ -687,7 +689,7 @@ __device__ bool compact_regions(const u32* keys, int count, u32 lo_key, u32* ck,
             if (sel[j]) {
                 if (p < REGION_SLOTS) {
                     my_k[p] = u[j];
-                    my_i[p] = i0 + j;
+                    my_i[p] = base_index + i0 + j;
                 }
                 ++p;
             }
@@ -738,17 +740,25 @@ __device__ void emit_regions(const u32* ck, const int* ci, u32 t, int ties, int*
     }
 }
 
+// A pass's histogram complete for the whole block (BlockSum: a barrier), or summed over a cluster
+// (select.cu's ClusterSum), before its bucket search.
+struct BlockSum {
+    __device__ void operator()(int*, int) const { __syncthreads(); }
+};
+
 // Digit passes `pass`..2 (pass 1 or 2) over candidates in shared memory (src[0..count)): each
-// one sweep into its own histogram (hist1: HIST_BINS, hist2: 256, zeroed before the call) and a
-// two-barrier bucket search, with the results in scratch slots of their own (SCRATCH_WORDS:
-// 64..75), so no barrier guards a reuse. prefix / need: the bucket found before `pass` and the
-// rank still needed in it. T and the ties to keep out. Used for a short row's compacted
-// candidates (from pass 1) and a long row's gathered ones (from where the passes left it).
-// `peers`: pass 1 counts with one atomic per distinct bin of a warp (candidates just above a
-// bound, whose digits may share a few bins: 16-bit rows have 4 bits of this digit).
-__device__ void smem_search(const SmemPairs& src, int count, int pass, u32 prefix, int need,
+// one sweep into its own histogram (hist1: HIST_BINS, hist2: 256, zeroed before the call), then
+// `sum` (hist, bins) and a two-barrier bucket search, with the results in scratch slots of their
+// own (SCRATCH_WORDS: 64..75), so no barrier guards a reuse. prefix / need: the bucket found
+// before `pass` and the rank still needed in it. T and the ties to keep out. Used for a short
+// row's compacted candidates (from pass 1), a long row's gathered ones (from where the passes
+// left it) and a cluster block's part. `peers`: pass 1 counts with one atomic per distinct bin
+// of a warp (candidates just above a bound, whose digits may share a few bins: 16-bit rows have
+// 4 bits of this digit).
+template <class Src, class Sum = BlockSum>
+__device__ void smem_search(const Src& src, int count, int pass, u32 prefix, int need,
                             int* hist1, int* hist2, int* scratch, u32* t_out, int* ties_out,
-                            bool peers) {
+                            bool peers, Sum sum = Sum()) {
     if (pass <= 1) {
         for (int base = 0; base < count; base += blockDim.x) {
             const int i = base + threadIdx.x;
@@ -758,7 +768,7 @@ __device__ void smem_search(const SmemPairs& src, int count, int pass, u32 prefi
             if (peers) hist_add_peers(hist1, bin, in);
             else hist_add(hist1, bin, in);
         }
-        __syncthreads();
+        sum(hist1, HIST_BINS);
         find_bucket_warps(hist1, HIST_BINS, need, scratch + 68, scratch);
         prefix |= (u32)scratch[68] << pass_shift(1);
         need -= scratch[69];
@@ -768,7 +778,7 @@ __device__ void smem_search(const SmemPairs& src, int count, int pass, u32 prefi
         const u32 u = i < count ? src.key(i) : 0u;
         hist_add(hist2, u & 255u, i < count && (u & pass_mask(2)) == prefix);
     }
-    __syncthreads();
+    sum(hist2, 256);
     find_bucket_warps(hist2, 256, need, scratch + 72, scratch);
     *t_out = prefix | (u32)scratch[72];
     *ties_out = need - scratch[73];
