@@ -6,10 +6,10 @@ CUDA 13 wheels install), so the backend needs no CuPy.
 
 One call is, by the rows' length ``N``:
 - ``N <= SHORT_MAX``: the finishing kernel alone (one block per row, the row in shared memory);
-- longer rows, where ``cluster_plan`` finds a cluster size whose blocks hold the row and fill at
-  most one wave: ``cluster_kernel`` alone (a thread-block cluster of ``C`` blocks per row, each
-  with a part of the row in shared memory, the digit passes' histograms summed over the cluster
-  through distributed shared memory);
+- longer rows of a hint-free call at small batch (``_use_clusters``: the clusters' blocks hold
+  the row and take at most half the SMs): ``cluster_kernel`` alone (a thread-block cluster of
+  ``C`` blocks per row, each with a part of the row in shared memory, the digit passes'
+  histograms summed over the cluster through distributed shared memory);
 - other long rows: ``S`` blocks per row for each pass over the row --
   ``bound_kernel`` (hint-free only: a lower bound on the K-th key from group maxima),
   ``count_kernel`` (eight thresholds from the bound, or from the hint, counted exactly; the keys
