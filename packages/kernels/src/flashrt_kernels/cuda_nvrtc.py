@@ -21,12 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-_CTYPES = {
-    np.uint64: ctypes.c_void_p,
-    np.int32: ctypes.c_int,
-    np.int64: ctypes.c_longlong,
-    np.float32: ctypes.c_float,
-}
+_CTYPES = {np.uint64: ctypes.c_void_p, np.int32: ctypes.c_int, np.int64: ctypes.c_longlong}
 
 
 @functools.cache
@@ -155,13 +150,6 @@ class Module:
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _check(driver.cuFuncSetAttribute(self.function(name), attr, nbytes), "cuFuncSetAttribute")
 
-    def allow_non_portable_clusters(self, name: str) -> None:
-        """Lets kernel ``name`` launch clusters of more than 8 blocks (16 on Hopper)."""
-        from cuda.bindings import driver
-
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        _check(driver.cuFuncSetAttribute(self.function(name), attr, 1), "cuFuncSetAttribute")
-
 
 @functools.lru_cache(maxsize=256)
 def _config(grid: tuple, block: tuple, shared_mem: int, stream_handle: int, pdl: bool):
@@ -198,7 +186,6 @@ def launch(function, grid, block, args, shared_mem: int, stream_handle: int, pdl
 
     cfg = _config(tuple(grid), tuple(block), shared_mem, stream_handle, pdl)
     fn = function if isinstance(function, drv.CUfunction) else drv.CUfunction(int(function))
-    values = tuple(float(a) if isinstance(a, np.floating) else int(a) for a in args)
-    params = (values, _arg_types(tuple(type(a) for a in args)))
+    params = (tuple(int(a) for a in args), _arg_types(tuple(type(a) for a in args)))
     res = drv.cuLaunchKernelEx(cfg, fn, params, 0)
     return int(res[0] if isinstance(res, tuple) else res)

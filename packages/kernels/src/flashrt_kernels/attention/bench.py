@@ -104,12 +104,11 @@ def _decode_rows(quick):
             for length in (2048, 8192) if quick else (2048, 8192, 32768):
                 sets, cl, ql, nbytes = _decode_sets(bsz, length - 1, 1, hq, hkv, False)
                 t = _ours_decode(sets, cl, ql)
-                tiles = _ours_decode(sets, cl, ql, config={"CLUSTER_NARROW": False})
                 ts = _sdpa_decode(sets, length - 1)
                 fl = floor_us(nbytes)
                 rows.append({"case": "decode q=1", "heads": f"{hq}/{hkv}", "B": bsz, "L": length,
-                             "ours_us": t, "tiles_us": tiles, "sdpa_us": ts, "x_sdpa": ts / t,
-                             "floor_us": fl, "floor_frac": fl / t})  # fmt: skip
+                             "ours_us": t, "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
+                             "floor_frac": fl / t})  # fmt: skip
                 del sets
     return rows
 

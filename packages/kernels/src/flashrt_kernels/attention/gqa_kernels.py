@@ -30,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_kernels.attention import cluster_decode
 from flashrt_kernels.attention.splits import (
     MAX_DOUBLINGS,
     NARROW_ROWS,
@@ -284,7 +283,7 @@ def split_combine_kernel(
     UPCAST: tl.constexpr, NARROW: tl.constexpr, MIN_CHUNK: tl.constexpr, TARGET: tl.constexpr,
     KEYS_PER_ROW: tl.constexpr, WIDE_KEYS_PER_ROW: tl.constexpr, QUERY_CHUNK_CAP: tl.constexpr,
     QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
-    PDL: tl.constexpr, NARROW_DONE: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
     shape, whatever the split count). Rows of one split were written by the tile kernel. The
@@ -292,9 +291,7 @@ def split_combine_kernel(
     of slot ``i`` writes the zeros of the dead slots ``i, i + grid, ...`` below ``q_max``, every
     head in one store (a padded step's dead slots cost little). PDL: launched as a programmatic
     dependent of the tile launch: every program reads the lengths, then waits for the tile grid
-    to complete (and its writes to be visible) before it touches the partials or the output.
-    NARROW_DONE: the narrow rows (outputs and dead slots) were written by the cluster kernel
-    (``cluster_decode``); this pass leaves them alone."""
+    to complete (and its writes to be visible) before it touches the partials or the output."""
     i = tl.program_id(0)
     b = tl.program_id(1)
     hh = tl.program_id(2)
@@ -305,11 +302,7 @@ def split_combine_kernel(
     d = tl.arange(0, BLOCK_D)
     o_rows = Out + b.to(tl.int64) * stride_ob
     o_row = o_rows + i * stride_ot
-    if NARROW_DONE:
-        mine = q_len * G > NARROW
-    else:
-        mine = q_len >= 0
-    if mine & (hh == 0):
+    if hh == 0:
         h = tl.arange(0, BLOCK_H)
         zero = tl.zeros((BLOCK_H, BLOCK_D), dtype=Out.dtype.element_ty)
         g = tl.num_programs(0)
@@ -317,7 +310,7 @@ def split_combine_kernel(
         for j in range(first, q_max, g):
             tl.store(o_rows + j * stride_ot + h[:, None] * stride_oh + d[None, :], zero,
                      mask=(h[:, None] < n_q_heads) & (d[None, :] < HEAD_DIM))  # fmt: skip
-    if mine & (i < q_len):
+    if i < q_len:
         total = tl.minimum(cache_len + q_len, capacity)
         chunk = _row_chunk(total, q_len, G, NARROW, MIN_CHUNK, TARGET, KEYS_PER_ROW,
                            WIDE_KEYS_PER_ROW, QUERY_CHUNK_CAP, QUERY_CHUNK_FLOOR, QUERY_SPLITS,
@@ -367,11 +360,9 @@ def launch_gqa_tiles(
     q, k_cache, v_cache, out, cache_lens, q_lens, *, q_starts, cache_rows, mask, mask_mode,
     q_max, split, workspace, scale, config=None,
 ):  # fmt: skip
-    """Launches the tile kernel: with ``split``, the narrow class (the cluster kernel of
-    ``cluster_decode`` where it runs, else the narrow tiles), the wide class when ``q_max * G``
-    allows wide rows, and the combine pass (only where the tiles left splits to merge or dead
-    slots to zero); otherwise one unsplit packed prefill launch. Inputs validated. ``config``
-    overrides the geometry (``splits.geometry``)."""
+    """Launches the tile kernel: with ``split``, the narrow class, the wide class when ``q_max * G``
+    allows wide rows, and the combine pass; otherwise one unsplit packed prefill launch. Inputs
+    validated. ``config`` overrides the geometry (``splits.geometry``)."""
     bsz = cache_lens.shape[0]
     hq, d = q.shape[-2], q.shape[-1]
     hkv, cap = k_cache.shape[2], k_cache.shape[1]
@@ -389,13 +380,6 @@ def launch_gqa_tiles(
     align = vector_align(q.element_size(), sqb, sqt, sqh, sob, sot, soh,
                          *k_cache.stride()[:3], *v_cache.stride()[:3])  # fmt: skip
     rows = q_max * group
-    clusters = split and cfg["CLUSTER_NARROW"] and cluster_decode.supports(q, k_cache, v_cache,
-                                                                          out)  # fmt: skip
-    if clusters:
-        cluster_decode.launch(q, k_cache, v_cache, out, cache_lens, q_lens, cache_rows=cache_rows,
-                              mask=mask, mask_mode=mask_mode, scale=scale)  # fmt: skip
-        if rows <= NARROW_ROWS:
-            return
     if split:
         narrow_splits, wide_splits, slots, split_queries = split_plan(cap, q_max, group, cfg)
         per = bsz * slots * hq
@@ -403,7 +387,7 @@ def launch_gqa_tiles(
         mpart = workspace[per * d : per * (d + 1)]
         lpart = workspace[per * (d + 1) : per * (d + 2)]
         n_narrow = triton.cdiv(min(rows, NARROW_ROWS), cfg["narrow"]["BLOCK_M"])
-        launches = [] if clusters else [("narrow", 1, narrow_splits, n_narrow)]
+        launches = [("narrow", 1, narrow_splits, n_narrow)]
         if rows > NARROW_ROWS:
             launches.append(("wide", 2, wide_splits, triton.cdiv(rows, cfg["wide"]["BLOCK_M"])))
     else:
@@ -445,6 +429,5 @@ def launch_gqa_tiles(
             out.stride(0), out.stride(1), out.stride(2),
             cap, slots, hq, q_max,
             HEAD_DIM=d, G=group, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(hq),
-            UPCAST=upcast, NARROW=NARROW_ROWS, PDL=pdl, NARROW_DONE=clusters, **chunks,
-            num_warps=4, launch_pdl=pdl,
+            UPCAST=upcast, NARROW=NARROW_ROWS, PDL=pdl, **chunks, num_warps=4, launch_pdl=pdl,
         )  # fmt: skip

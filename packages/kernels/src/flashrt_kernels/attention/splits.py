@@ -53,9 +53,7 @@ FEW_KV_HEADS = 2
 FEW_KV_SPLITS = {"TARGET": 32, "narrow": {"num_stages": 3}}
 # The split combine starts as a programmatic dependent of the tile launch (sm90+; the bits do not
 # depend on it).
-# CLUSTER_NARROW: the narrow rows go to the cluster kernel (``cluster_decode``) where it runs
-# (a function of the device and the call's shapes, never of the batch).
-LAUNCH = {"PDL": True, "CLUSTER_NARROW": True}
+LAUNCH = {"PDL": True}
 MAX_DOUBLINGS = 20
 # Query-invariant mode: one geometry for every query (constants of the contract: the bits depend
 # on all of them).
