@@ -15,8 +15,9 @@ and at the batch size:
   (with the sampled thresholds of its counting pass, 2026-12-06, docs/dsv4-indexer.md run 6)
   beat the hint-free one by 1.02-1.33x up to ``batch * n`` = 2M and lost from B = 16 at 256k.
   Since the hint-free select takes long rows at B <= 8 as thread-block clusters (run 8, the same
-  day), the hinted one still wins at B = 1 (1.03-1.14x at 128k-256k) but no longer at B = 4
-  (0.95-1.00x) or B = 16 at 128k (0.97x), hence 2^18 (2^19 before run 6, 2^21 after it).
+  day), the hinted one ties it at B = 1 (1.03-1.14x at 128k-256k in run 8, 0.96-1.05x in run 9)
+  and no longer wins at B = 4 (0.95-1.00x) or B = 16 at 128k (0.97x), hence 2^18 (2^19 before
+  run 6, 2^21 after it).
 The ``list`` and ``counts`` tiers are off by default: measured on the H200 (docs/dsv4-indexer.md),
 their consumers (flashrt-kernels' Triton select) were no faster than the hint-free top-K while
 their emissions cost logits time (counts: +32-42%).
