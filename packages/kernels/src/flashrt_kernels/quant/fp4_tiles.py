@@ -90,13 +90,17 @@ def tile_order(BLOCK_K: tl.constexpr):
 @triton.jit
 def _scale_values(sf, UPCAST: tl.constexpr, E8M0: tl.constexpr):
     """Block scales as fp32 halves (UPCAST, for ``_e2m1_scaled``) or as bf16 (for the PTX)."""
+    # one return: triton 3.9 type-checks every return of a function, the constexpr-dead ones too
     if E8M0:
         if UPCAST:
-            return (sf.to(tl.uint32) << 23).to(tl.float32, bitcast=True) * 0.5
-        return (sf.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
-    if UPCAST:
-        return sf.to(tl.float32) * 0.5
-    return sf.to(tl.bfloat16)
+            v = (sf.to(tl.uint32) << 23).to(tl.float32, bitcast=True) * 0.5
+        else:
+            v = (sf.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
+    elif UPCAST:
+        v = sf.to(tl.float32) * 0.5
+    else:
+        v = sf.to(tl.bfloat16)
+    return v
 
 
 @triton.jit
