@@ -1,17 +1,16 @@
-"""The PTX that decodes NVFP4 on the GPU (``nvfp4_linear.E2M1_BF16_ASM``), run by a small
-emulator of the instructions it uses (semantics from the PTX ISA), against the e2m1 table and the
+"""The PTX that decodes FP4 on the GPU (``quant.fp4_tiles.E2M1_BF16_ASM``, for NVFP4 and MXFP4
+tiles), run by a small emulator of the instructions it uses (semantics from the PTX ISA), against the e2m1 table and the
 block scales: the interpreter cannot run inline PTX, so this is how CI checks it."""
 
-import importlib
 import random
 import re
 import struct
 
 import torch
 
+from flashrt_kernels.quant.fp4_tiles import E2M1_BF16_ASM
 from flashrt_kernels.quant.reference import e2m1_decode
 
-nv = importlib.import_module("flashrt_kernels.gemm.nvfp4_linear")  # (the package exports the op)
 M32 = 0xFFFFFFFF
 
 
@@ -85,23 +84,36 @@ def _run(asm: str, operands: dict[str, int]) -> dict[str, int]:
     return regs
 
 
-def test_e2m1_ptx_gives_the_codes_times_their_scales():
-    asm = nv.E2M1_BF16_ASM.value
+def _check_decoding(scales: list[float]) -> None:
+    asm = E2M1_BF16_ASM.value
     assert set(re.findall(r"\$\d", asm)) == {f"${i}" for i in range(7)}
     rng = random.Random(0)
-    scales = [0.001953125, 0.0625, 1.0, 1.125, 3.5, 240.0, 448.0]  # e4m3: 2**-9 .. 448
     words = [rng.getrandbits(32) for _ in range(3000)] + [b * 0x01010101 for b in range(256)]
     for r in words:
-        s01, s23 = rng.choice(scales), rng.choice(scales)
-        pair = [_to_bf16(s) for s in (s01, s01, s23, s23)]
+        sj = [rng.choice(scales) for _ in range(4)]  # byte j's scale
+        pair = [_to_bf16(s) for s in sj]
         out = _run(asm, {"$4": r, "$5": pair[0] | pair[1] << 16, "$6": pair[2] | pair[3] << 16})
-        even = [out["$0"] & 0xFFFF, out["$0"] >> 16, out["$1"] & 0xFFFF, out["$1"] >> 16]
-        odd = [out["$2"] & 0xFFFF, out["$2"] >> 16, out["$3"] & 0xFFFF, out["$3"] >> 16]
+        # $j: byte j's (low nibble, high nibble) values, one bf16 pair
+        even = [out[f"${j}"] & 0xFFFF for j in range(4)]
+        odd = [out[f"${j}"] >> 16 for j in range(4)]
         for j in range(4):
             byte = (r >> (8 * j)) & 0xFF
-            s = s01 if j < 2 else s23
+            s = sj[j]
             codes = torch.tensor([byte & 15, byte >> 4], dtype=torch.uint8)
-            want = (e2m1_decode(codes).double() * s).tolist()
+            # (exact, or past fp32's range: inf, as the GPU's fp32 and bf16 products)
+            want = (e2m1_decode(codes).double() * s).float().tolist()
             assert [_bf16(even[j]), _bf16(odd[j])] == want, (hex(r), j, s)
             # a negative code carries the sign bit (so -0 stays -0, as the table's zero)
             assert even[j] >> 15 == (byte >> 3) & 1 and odd[j] >> 15 == byte >> 7
+
+
+def test_e2m1_ptx_gives_the_codes_times_their_scales():
+    _check_decoding([0.001953125, 0.0625, 1.0, 1.125, 3.5, 240.0, 448.0])  # e4m3: 2**-9 .. 448
+
+
+def test_e2m1_ptx_with_ue8m0_scales():
+    """MXFP4's scales, 2 ** (byte - 127) as the bf16 ``byte << 7``, down to the subnormal products
+    of byte 1 (0.5 * 2**-126) and up to byte 254."""
+    for byte in (1, 2, 27, 100, 127, 128, 200, 254):
+        assert _bf16(byte << 7) == 2.0 ** (byte - 127)
+    _check_decoding([2.0 ** (b - 127) for b in (1, 2, 27, 100, 127, 128, 200, 254)])

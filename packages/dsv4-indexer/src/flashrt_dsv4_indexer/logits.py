@@ -12,9 +12,10 @@ shared memory, two tiles in flight while one is scored).
 
 Arithmetic: fp8 keys: ``tl.dot`` on e4m3 query and key codes (tensor cores), fp32 accumulation,
 ReLU, head weights, a sum over heads in fp32, times the key's scale. MXFP4 keys are dequantized in
-registers to bf16 (exact: 2-bit mantissas times a power of two) and multiplied with the bf16 image
-of the e4m3 queries (exact). Under the CPU interpreter both run as fp32 dots of the same decoded
-values (its low-precision dots are unusable).
+registers to bf16 (exact: 2-bit mantissas times a power of two) by ``quant.fp4_tiles`` (PTX byte
+tables, the tile's K in that module's permuted order) and multiplied with the bf16 image of the e4m3
+queries (exact), loaded in the same K order. Under the CPU interpreter both run as fp32 dots of the
+same decoded values (its low-precision dots are unusable).
 
 Contract (``faithful``): with ``M`` = ``reference.logits_magnitude`` (sum over heads of |w| times
 sum over d of |q k|), ``|I - I_ref| <= RTOL[fmt] * M[t, j]`` where ``I_ref`` is the float64
@@ -41,6 +42,7 @@ import triton.language as tl
 from flashrt_dsv4_indexer import reference
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_choice, check_int, check_out, check_tensor
+from flashrt_kernels.quant.fp4_tiles import dequant_tile, tile_order
 
 OP = "paged_indexer_logits"
 IMPLEMENTED = ("triton", "reference")
@@ -61,17 +63,6 @@ def _e4m3_to_f32(x):
 
 
 @triton.jit
-def _e2m1_to_f32(nib):
-    """Exact fp32 value of 4-bit e2m1 codes (sign in bit 3)."""
-    nib = nib.to(tl.uint32)
-    e = (nib >> 1) & 3
-    mm = nib & 1
-    normal = (((e + 126) << 23) | (mm << 22)).to(tl.float32, bitcast=True)
-    v = tl.where(e == 0, mm.to(tl.float32) * 0.5, normal)
-    return tl.where((nib >> 3) == 1, -v, v)
-
-
-@triton.jit
 def _load_blocks(BT_ROW, j, max_len, PAGE: tl.constexpr):
     """Cache block of each position ``j`` (block 0 past the row's end: those table entries may
     hold anything and are never used)."""
@@ -79,27 +70,16 @@ def _load_blocks(BT_ROW, j, max_len, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(KC, KS, blk, j, max_len, KEYS: tl.constexpr, D: tl.constexpr,
-               PAGE: tl.constexpr, FP4: tl.constexpr, DOT_F32: tl.constexpr):  # fmt: skip
-    """The raw codes and scales of the keys at positions ``j`` (nothing read past ``max_len``):
-    fp8: e4m3 codes [KEYS, D] (uint8 under the interpreter) and fp32 scales [KEYS]; fp4: packed
-    bytes [KEYS, D / 2] and UE8M0 scale bytes [KEYS, D / 32]."""
-    slot = blk * PAGE + j % PAGE
-    live = (j < max_len)[:, None]
-    if FP4:
-        dh = tl.arange(0, D // 2)
-        ds = tl.arange(0, D // 32)
-        codes = tl.load(KC + slot[:, None] * (D // 2) + dh[None, :], mask=live, other=0)
-        scales = tl.load(KS + slot[:, None] * (D // 32) + ds[None, :], mask=live, other=0)
-    else:
-        d = tl.arange(0, D)
-        if DOT_F32:
-            codes = tl.load(KC + slot[:, None] * D + d[None, :], mask=live, other=0)
-        else:  # e4m3 straight from memory: no conversion between the load and the dot
-            kc = KC.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-            codes = tl.load(kc + slot[:, None] * D + d[None, :], mask=live)
-        scales = tl.load(KS + slot, mask=j < max_len, other=0.0)
-    return codes, scales
+def _load_fp8_tile(KC, KS, slot, live, D: tl.constexpr, DOT_F32: tl.constexpr):
+    """e4m3 codes [KEYS, D] (uint8 under the interpreter) and fp32 scales [KEYS] of the keys in
+    cache slots ``slot`` (nothing read where not ``live``)."""
+    d = tl.arange(0, D)
+    if DOT_F32:
+        codes = tl.load(KC + slot[:, None] * D + d[None, :], mask=live[:, None], other=0)
+    else:  # e4m3 straight from memory: no conversion between the load and the dot
+        kc = KC.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+        codes = tl.load(kc + slot[:, None] * D + d[None, :], mask=live[:, None])
+    return codes, tl.load(KS + slot, mask=live, other=0.0)
 
 
 @triton.jit
@@ -123,7 +103,10 @@ def _paged_indexer_logits_kernel(
     m = tl.arange(0, NQ * H)
     mq = m // H
     qrow = b * NEXT_N + mq
-    d = tl.arange(0, D)
+    if FP4:  # the K order of the decoded key tiles (fp4_tiles.tile_order)
+        d = tile_order(D)
+    else:
+        d = tl.arange(0, D)
     qc = tl.load(Q + (qrow * H + m % H)[:, None] * D + d[None, :], mask=(mq < NEXT_N)[:, None],
                  other=0)  # fmt: skip
     w = tl.load(W + qrow * H + m % H, mask=mq < NEXT_N, other=0.0)
@@ -141,21 +124,20 @@ def _paged_indexer_logits_kernel(
     cnt = tl.zeros((NQ, 4), tl.int32)  # counts at the three lines, summed over the tiles
     for t in tl.range(t0, t_live, num_stages=STAGES):  # key loads pipelined (cp.async)
         j = t * KEYS + kj
-        blk = _load_blocks(BT + b * bt_stride, j, max_len, PAGE)
-        kc, ksc = _load_tile(KC, KS, blk, j, max_len, KEYS, D, PAGE, FP4, DOT_F32)
-        if FP4:
-            nib = tl.reshape(tl.join(kc & 15, kc >> 4), (KEYS, D))  # even element: low nibble
-            scale = (ksc.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            kf = tl.reshape(tl.reshape(_e2m1_to_f32(nib), (KEYS, D // 32, 32)) * scale[:, :, None],
-                            (KEYS, D))  # fmt: skip
+        slot = _load_blocks(BT + b * bt_stride, j, max_len, PAGE) * PAGE + j % PAGE
+        if FP4:  # MXFP4 keys decoded in registers (bf16, or fp32 under the interpreter)
+            kf = dequant_tile(KC, KS, slot, j < max_len, 0, D // 2, D // 32, D, 32, True,
+                              DOT_F32)  # fmt: skip
             if DOT_F32:
                 s = tl.dot(kf, qt, input_precision="ieee")
             else:
-                s = tl.dot(kf.to(tl.bfloat16), qt)
-        elif DOT_F32:
-            s = tl.dot(_e4m3_to_f32(kc), qt, input_precision="ieee")
+                s = tl.dot(kf, qt)
         else:
-            s = tl.dot(kc, qt)
+            kc, ksc = _load_fp8_tile(KC, KS, slot, j < max_len, D, DOT_F32)
+            if DOT_F32:
+                s = tl.dot(_e4m3_to_f32(kc), qt, input_precision="ieee")
+            else:
+                s = tl.dot(kc, qt)
         s = tl.maximum(s, 0.0)  # [KEYS, NQ * H]
         for i in tl.static_range(NEXT_N):
             row = b * NEXT_N + i
@@ -243,18 +225,24 @@ class Emissions:
         return self.list_claims > self.seg_cap
 
 
-def launch_config(batch: int, width: int, nq: int, h: int, sms: int) -> tuple[int, int, int, int]:
-    """(keys per tile, tiles per program, num_warps, pipeline stages) from host shape ints only,
-    so graph capture sees fixed choices. A tile is one [KEYS, D] x [D, next_n * H] dot (the head
-    sum then runs along the dot's N dimension, inside a warp); a program walks up to 16 tiles of
-    one row with their key loads pipelined, keeping at least 4 programs per SM where the grid
-    allows."""
+def launch_config(batch: int, width: int, nq: int, h: int, sms: int,
+                  key_format: str = "fp8") -> tuple[int, int, int, int, int | None]:  # fmt: skip
+    """(keys per tile, tiles per program, num_warps, pipeline stages, register cap or None) from
+    host shape ints only, so graph capture sees fixed choices. A tile is one [KEYS, D] x
+    [D, next_n * H] dot (the head sum then runs along the dot's N dimension, inside a warp); a
+    program walks up to 16 tiles of one row with their key loads pipelined, keeping at least 4
+    programs per SM where the grid allows. fp4 keys of one token over 64 heads: 2 stages and 128
+    registers a thread, four programs an SM instead of three (the decoding is latency-bound;
+    1.05-1.13x on an H100, docs/dsv4-indexer.md, run 10)."""
     keys = 128 if nq * h <= 64 else 64
     n_tiles = triton.cdiv(width, keys)
     tiles = 16
     while tiles > 1 and batch * triton.cdiv(n_tiles, tiles) < 4 * sms:
         tiles //= 2
-    return keys, tiles, 4 if nq * h * keys <= 8192 else 8, 3
+    warps = 4 if nq * h * keys <= 8192 else 8
+    if key_format == "fp4" and nq * h == 64:
+        return keys, tiles, warps, 2, 128
+    return keys, tiles, warps, 3, None
 
 
 @functools.cache
@@ -363,7 +351,7 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
     width = n_pages * page
     dev = q_codes.device
     sms = _sm_count(dev.index or 0) if dev.type == "cuda" else 8
-    keys, tiles, warps, stages = launch_config(batch, width, nq, h, sms)
+    keys, tiles, warps, stages, max_regs = launch_config(batch, width, nq, h, sms, key_format)
     n_tiles = triton.cdiv(width, keys)
     em = em or Emissions()
     dummy_f, dummy_i = out, lengths
@@ -382,6 +370,7 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
         FP4=key_format == "fp4", DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
         EMIT_MAX=em.block_max is not None, EMIT_COUNTS=em.counts is not None,
         EMIT_LIST=em.list_values is not None, num_warps=warps,
+        **({} if max_regs is None or triton_interpreter_active() else {"maxnreg": max_regs}),
     )  # fmt: skip
 
 

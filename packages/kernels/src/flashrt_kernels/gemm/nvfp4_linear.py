@@ -1,7 +1,7 @@
 """NVFP4 W4A4 GEMM for GPUs without FP4 tensor cores (Hopper): both operands arrive as e2m1 codes
 with UE4M3 block scales (``quant.quantize_rows_nvfp4`` / ``reference.nvfp4_quantize``). Each weight
 tile is dequantized in registers to bf16 (exactly: an e2m1 value times an e4m3 scale has at most 6
-significant bits; on the GPU by the PTX byte-table lookups of ``E2M1_BF16_ASM``) and is the left
+significant bits; on the GPU by the PTX byte-table lookups of ``quant.fp4_tiles``) and is the left
 operand of a bf16 tensor-core dot with fp32 accumulation (the product is computed transposed, so
 the few activation rows of a decode step are the dot's narrow side). Within a K block the tiles
 take the codes in a fixed permuted order (both operands alike), so a lane's bytes are contiguous.
@@ -24,99 +24,20 @@ import triton.language as tl
 from flashrt_kernels.backends import resolve_backend, sm_count, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
 from flashrt_kernels.quant import reference as qref
+from flashrt_kernels.quant.fp4_tiles import dequant_tile
 from flashrt_kernels.triton_helpers import cast_rne, grouped_tile, to_f32
 
 OP = "nvfp4_linear"
 IMPLEMENTED = ("triton", "reference")
 
 
-# Twice the e2m1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} as 4-bit fields, code 0 lowest: 0xC8643210
-# as a signed 32-bit constant. An arithmetic shift by 28 sign-extends, and the mask keeps 0xC.
-E2M1_TWICE_TABLE = tl.constexpr(0xC8643210 - 2**32)
-
-
-@triton.jit
-def _e2m1_scaled(nib, half_scale):
-    """An e2m1 code (int32, sign in bit 3) times its block scale, given as scale / 2: exact in fp32
-    and in bf16 (two significant bits times four)."""
-    twice = (E2M1_TWICE_TABLE >> ((nib & 7) * 4)) & 15
-    mag = twice.to(tl.float32) * half_scale
-    return tl.where((nib & 8) != 0, -mag, mag)
-
-
-# Four bytes (eight codes) -> eight bf16 values times their block scales, in PTX. The magnitude
-# (code & 7) indexes two 8-byte tables with ``prmt``: the high bytes of the bf16 values
-# {0, .5, 1, 1.5, 2, 3, 4, 6} (00 3F 3F 3F 40 40 40 40) and their low bytes (00 00 80 C0 00 40 80
-# C0). ``prmt``'s sign-replicate mode turns each code's sign bit into 0x00 / 0xFF, whose 0x80 goes
-# into the high byte; two more ``prmt`` interleave low and high bytes into (even-k, odd-k) bf16
-# pairs, and one bf16x2 multiply a pair applies the scales (exact: two significant bits times four).
-# $0 $1: the low nibbles' values (elements 0-1, 2-3), $2 $3: the high nibbles'; $4: the four bytes;
-# $5 $6: the four elements' scales (bf16 pairs).
-E2M1_BF16_ASM = tl.constexpr("""
-{
-.reg .b32 m, mh, rs, alo, ahi, blo, bhi, sa, sb, tl0, tl1, th0, th1;
-and.b32 m, $4, 0x77777777;
-shr.b32 mh, m, 16;
-mov.b32 tl0, 0xC0800000;
-mov.b32 tl1, 0xC0804000;
-mov.b32 th0, 0x3F3F3F00;
-mov.b32 th1, 0x40404040;
-prmt.b32 alo, tl0, tl1, m;
-prmt.b32 ahi, th0, th1, m;
-prmt.b32 blo, tl0, tl1, mh;
-prmt.b32 bhi, th0, th1, mh;
-shl.b32 rs, $4, 4;
-prmt.b32 sa, rs, $4, 0xD9C8;
-prmt.b32 sb, rs, $4, 0xFBEA;
-lop3.b32 ahi, ahi, sa, 0x80808080, 0xF8;
-lop3.b32 bhi, bhi, sb, 0x80808080, 0xF8;
-prmt.b32 $0, alo, ahi, 0x6240;
-prmt.b32 $1, blo, bhi, 0x6240;
-prmt.b32 $2, alo, ahi, 0x7351;
-prmt.b32 $3, blo, bhi, 0x7351;
-mul.rn.bf16x2 $0, $0, $5;
-mul.rn.bf16x2 $1, $1, $6;
-mul.rn.bf16x2 $2, $2, $5;
-mul.rn.bf16x2 $3, $3, $6;
-}
-""")
-
-
 @triton.jit
 def _dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K: tl.constexpr,
                   UPCAST: tl.constexpr):  # fmt: skip
-    """Rows ``rows`` of an NVFP4 operand at k0 .. k0 + BLOCK_K as a [rows, BLOCK_K] tile: a byte
-    holds two codes (low nibble first), 16 codes share an e4m3 scale. The tile's K order is a
-    fixed permutation of memory's within the block (k-pairs by residue mod 4, below), the same for
-    both operands of the dot and for the activation pre-pass, so the sum is over the same terms.
-    bf16 through ``E2M1_BF16_ASM`` on the GPU; fp32 through ``_e2m1_scaled`` where PTX cannot run
-    (the interpreter); the same values."""
-    r: tl.constexpr = rows.shape[0]
-    nb: tl.constexpr = BLOCK_K // 2  # bytes a row
-    j: tl.constexpr = nb // 4
-    # The block's bytes in memory as [4, j]; in the tile, byte (c, i) is k-pair i * 4 + c. The dot's
-    # register layout gives a lane the k-pairs of one residue c, so a lane's bytes are contiguous.
-    at = (tl.arange(0, 4)[:, None] * j + tl.arange(0, j)[None, :])[None, :, :]
-    byte = tl.load(C + rows[:, None, None] * stride_c + k0 // 2 + at, mask=row_ok[:, None, None],
-                   other=0)  # fmt: skip
-    byte = tl.reshape(tl.permute(byte, (0, 2, 1)), (r, nb))
-    sf = tl.load(SF + rows[:, None] * stride_sf + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :],
-                 mask=row_ok[:, None], other=0.0)  # fmt: skip
-    # byte (c, i) holds codes 2 (c j + i) and the next: block (c j + i) // 8 = c (j // 8) + i // 8
-    sf = tl.broadcast_to(tl.reshape(sf, (r, 4, j // 8))[:, :, :, None], (r, 4, j // 8, 8))
-    sf = tl.reshape(tl.permute(tl.reshape(sf, (r, 4, j)), (0, 2, 1)), (r, nb))
-    if UPCAST:
-        sf = sf.to(tl.float32) * 0.5
-        code = byte.to(tl.int32)
-        lo = _e2m1_scaled(code & 15, sf)
-        hi = _e2m1_scaled(code >> 4, sf)
-    else:
-        sf = sf.to(tl.bfloat16)
-        lo, hi = tl.inline_asm_elementwise(
-            E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r", [byte, sf], dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=4,
-        )  # fmt: skip
-    return tl.reshape(tl.join(lo, hi), (r, BLOCK_K))
+    """Rows ``rows`` of an NVFP4 operand (UE4M3 scales per 16) as a [rows, BLOCK_K] tile in
+    ``fp4_tiles.tile_order``, the same for both operands of the dot and for the activation
+    pre-pass, so the sum is over the same terms."""
+    return dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K, 16, False, UPCAST)
 
 
 @triton.jit
