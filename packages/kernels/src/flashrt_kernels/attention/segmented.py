@@ -41,11 +41,24 @@ def head_dim_split(d: int) -> tuple[int, int]:
     return hi, lo
 
 
+# From this longest segment on, the launch caps registers at 128 a thread: four programs an SM
+# instead of three (156 registers uncapped). 720-patch images at d = 72: 1.07x; 64-patch windows
+# at d = 80 lost 5% with the cap (H100, attention.md, 2026-12-06).
+LONG_SEGMENT = 256
+LONG_SEGMENT_REGISTERS = 128
+
+
 def launch_config(d: int) -> dict:
     """Tile geometry: a function of the head dim only (segments stay independent bit for bit).
     64-row tiles with 4 warps beat 128 rows with 8 warps on the H200 for 720-patch images at
     d=72 (185 vs 269 us; attention.md)."""
     return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+
+def register_cap(max_seqlen: int) -> int | None:
+    """The register cap of the launch, by the longest segment. It may depend on the batch: it only
+    sets ptxas's ``.maxnreg`` (the PTX is otherwise identical, so are the bits)."""
+    return LONG_SEGMENT_REGISTERS if max_seqlen >= LONG_SEGMENT else None
 
 
 @triton.jit
@@ -169,13 +182,15 @@ def launch_segmented(q, k, v, out, cu_seqlens, max_seqlen, scale, config=None) -
     align = vector_align(q.element_size(), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
                          *out.stride()[:2])  # fmt: skip
     grid = (triton.cdiv(max_seqlen, cfg["BLOCK_M"]), n_seg, hq)
+    cap = register_cap(max_seqlen)
+    caps = {} if cap is None or triton_interpreter_active() else {"maxnreg": cap}
     segmented_attention_kernel[grid](
         q, k, v, out, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale * LOG2E,
         G=hq // k.shape[1], HEAD_DIM=d, D_HI=d_hi, D_LO=d_lo,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], UPCAST=triton_interpreter_active(),
-        ALIGN=align, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        ALIGN=align, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **caps,
     )  # fmt: skip
 
 
