@@ -6,7 +6,8 @@ tensor cores (Hopper). Two block-scale formats:
   (byte 0 reads as 0 and 255 as inf, as an fp32 built from the byte's bits), uint8.
 
 Codes are packed two a byte, the even element in the low nibble, the sign in bit 3. A decoded
-value is exact in bf16 (two significant bits times a scale of at most four), so the tile holds
+value is exact in bf16 (two significant bits times a scale of at most four significant bits, a
+power of two for UE8M0; inf past the range, as in fp32), so the tile holds
 the codes' values exactly; on the GPU the decoding is the PTX byte-table lookups of
 ``E2M1_BF16_ASM``, in the interpreter an fp32 table (``_e2m1_scaled``): the same values.
 
