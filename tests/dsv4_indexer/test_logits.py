@@ -117,6 +117,14 @@ def test_logits_faithful_and_emissions_exact(case):
     check_logits(case)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp4_keys_of_wider_heads(d):
+    """MXFP4 keys wider than the tiny configs' 32: d = 64 takes one scale per two k-pair residues of
+    the decoded tile, d = 128 (the real models') one scale per residue (``quant.fp4_tiles``)."""
+    check_logits(dict(h=16, d=d, page=32, pages=2, batch=2, next_n=1, seq=[40, 64], fmt="fp4",
+                      kind="normal", seed=5))  # fmt: skip
+
+
 @pytest.mark.gpu
 @given(case=cases("real"))
 def test_logits_faithful_and_emissions_exact_gpu(case):
