@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from flashrt_dsv4_indexer import reference
-from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
+from flashrt_kernels.backends import maxnreg_kwargs, resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_choice, check_int, check_out, check_tensor
 from flashrt_kernels.quant.fp4_tiles import dequant_tile, tile_order
 
@@ -370,7 +370,7 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
         FP4=key_format == "fp4", DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
         EMIT_MAX=em.block_max is not None, EMIT_COUNTS=em.counts is not None,
         EMIT_LIST=em.list_values is not None, num_warps=warps,
-        **({} if max_regs is None or triton_interpreter_active() else {"maxnreg": max_regs}),
+        **maxnreg_kwargs(max_regs),
     )  # fmt: skip
 
 

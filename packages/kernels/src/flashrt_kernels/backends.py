@@ -25,6 +25,12 @@ def triton_interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def maxnreg_kwargs(cap: int | None) -> dict:
+    """The launch keyword for a per-thread register cap (ptxas's ``.maxnreg``): none without a cap
+    or under the interpreter, which compiles nothing."""
+    return {} if cap is None or triton_interpreter_active() else {"maxnreg": cap}
+
+
 @functools.cache
 def module_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None

@@ -26,7 +26,7 @@ from flashrt_kernels.attention import reference
 from flashrt_kernels.attention.decode import DTYPES, MAX_HEAD_DIM
 from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to
 from flashrt_kernels.attention.splits import vector_align
-from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
+from flashrt_kernels.backends import maxnreg_kwargs, resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_float, check_int, check_no_alias, check_out, check_tensor
 
 OP = "segmented_attention"
@@ -182,15 +182,14 @@ def launch_segmented(q, k, v, out, cu_seqlens, max_seqlen, scale, config=None) -
     align = vector_align(q.element_size(), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
                          *out.stride()[:2])  # fmt: skip
     grid = (triton.cdiv(max_seqlen, cfg["BLOCK_M"]), n_seg, hq)
-    cap = register_cap(max_seqlen)
-    caps = {} if cap is None or triton_interpreter_active() else {"maxnreg": cap}
     segmented_attention_kernel[grid](
         q, k, v, out, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale * LOG2E,
         G=hq // k.shape[1], HEAD_DIM=d, D_HI=d_hi, D_LO=d_lo,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], UPCAST=triton_interpreter_active(),
-        ALIGN=align, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **caps,
+        ALIGN=align, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **maxnreg_kwargs(register_cap(max_seqlen)),
     )  # fmt: skip
 
 

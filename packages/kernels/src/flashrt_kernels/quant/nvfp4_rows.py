@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
+from flashrt_kernels.backends import maxnreg_kwargs, resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_out, check_tensor
 from flashrt_kernels.norm.rms_norm import launch_config as norm_launch_config
 from flashrt_kernels.quant import reference
@@ -200,7 +200,7 @@ def rms_norm_quantize_nvfp4(x, weight, eps: float = 1e-6, *, residual=None, out=
     elif m:
         block_a, block_b, _, _ = norm_launch_config(k)
         rows, warps, maxnreg = producer_launch(block_a + block_b)
-        cap = {} if maxnreg is None or not _native(dev) else {"maxnreg": maxnreg}
+        cap = maxnreg_kwargs(maxnreg)
         has_res = residual is not None
         _rms_norm_nvfp4_kernel[(triton.cdiv(m, rows),)](
             x, weight, residual if has_res else x, residual_out if has_res else x, q,
