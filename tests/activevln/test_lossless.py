@@ -147,3 +147,26 @@ def test_lossless_replies_identical_across_tree_and_batch(tiny64):
     # the vision ahead embeds frames in other image batches: the same bits (batch-invariant tower)
     assert replies[16, 3, 0] == replies[0, 1, 0] == replies[16, 1, 0] == replies[16, 3, 2]
     assert forwards[16, 1, 0] < forwards[0, 1, 0]
+
+
+@pytest.mark.gpu
+def test_fast_bit_row_masks_give_the_bool_masks_bits(tiny64):
+    """bf16 on the GPU: the fast preset's steps with bit-row masks (the kernel's chain + tree form)
+    and with bool [B, Q, Q] masks give the same greedy replies, frame for frame."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flashrt_activevln.model import Qwen25VL
+    from flashrt_activevln.runtime import Engine
+
+    cfg, w64, proc = tiny64
+    w = {k: t.to("cuda", torch.bfloat16) for k, t in w64.items()}
+    episodes = synthetic_episodes(4, seed=5, mean_frames=4, min_frames=2)
+    replies = []
+    for bit_rows in (True, False):
+        opt = preset("fast", batch_size=3, grammar_tree_budget=16, constrain_to_grammar=True,
+                     max_new_tokens=24)  # fmt: skip
+        eng = Engine(Qwen25VL(cfg, dict(w), Engine.ops_for(opt)), proc, opt)
+        assert eng.bit_rows
+        eng.bit_rows = bit_rows  # the bool form, as before bit rows
+        replies.append({(r.episode, r.frame): r.tokens for r in eng.replay(episodes)})
+    assert replies[0] == replies[1]

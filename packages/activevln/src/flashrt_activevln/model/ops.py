@@ -187,8 +187,11 @@ class Ops:
         ``q_lens`` [B]: live queries per row (default all Q); the kernel skips the others.
         ``chain_lens`` [B] (``gqa_invariant``): each row's leading causal queries; the rest of
         its live queries are a tree of at most ``INVARIANT_TREE`` nodes over them (without it,
-        rows of more than ``INVARIANT_TREE`` queries must be causal)."""
+        rows of more than ``INVARIANT_TREE`` queries must be causal). ``new_visible`` is bool
+        ``[B, Q, Q]``, or int64 bit rows ``[B, Q]`` of each row's tree after its ``chain_lens``
+        chain (``gqa`` and the reference; ``gqa_invariant`` takes the bool mask)."""
         b, _, nq, _ = q.shape
+        bit_rows = new_visible.dtype == torch.int64
         if self.attention != "reference" and q.dtype in (torch.bfloat16, torch.float16):
             from flashrt_kernels.attention import gqa_attention
 
@@ -197,6 +200,8 @@ class Ops:
             q_lens = q_lens.to(torch.int32) if given else torch.full_like(lens, nq)
             qq = q.transpose(1, 2).contiguous()
             if self.attention == "gqa_invariant":
+                if bit_rows:
+                    raise ValueError("Ops(attention='gqa_invariant') takes a bool new_visible")
                 if not given and nq > INVARIANT_TREE:  # rows' masks unknown: not causal
                     raise ValueError(
                         "Ops(attention='gqa_invariant'): a step of more than "
@@ -204,10 +209,17 @@ class Ops:
                     )
                 return _invariant_attention(qq, k_layer, v_layer, lens, q_lens, new_visible,
                                             scale, chain_lens)  # fmt: skip
-            return gqa_attention(
-                qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible, scale=scale
-            )
+            return gqa_attention(qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible,
+                                 scale=scale, chain_lens=chain_lens if bit_rows else None)  # fmt: skip
         from flashrt_activevln.model.text import visibility
+
+        if bit_rows:
+            from flashrt_kernels.attention.reference import unpack_tree_mask
+
+            new_visible = unpack_tree_mask(new_visible, nq, chain_lens)
+            if q_lens is not None:  # padded slots are never written: unseen
+                live = torch.arange(nq, device=q.device) < q_lens[:, None]
+                new_visible = new_visible & live[:, None, :]
 
         visible = visibility(lengths, new_visible, extent)
         k = k_layer[:, :extent].transpose(1, 2)
