@@ -127,11 +127,13 @@ def _tree_rows(quick):
         for n in (24, 64):
             sets, cl, ql, nbytes = _decode_sets(bsz, length, n, hq, hkv, True)
             t = _ours_decode(sets, cl, ql)
+            tb = _ours_decode(sets, cl, ql, bits=True)  # the same mask as bit rows
             ts = _sdpa_decode(sets, length)
             fl = floor_us(nbytes)
             rows.append({"case": f"tree {n} nodes", "heads": f"{hq}/{hkv}", "B": bsz, "L": length,
                          "ours_us": t, "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
-                         "floor_frac": fl / t, "ours_q1_us": t1, "tree_over_q1": t / t1})  # fmt: skip
+                         "floor_frac": fl / t, "ours_q1_us": t1, "tree_over_q1": t / t1,
+                         "ours_bits_us": tb, "x_sdpa_bits": ts / tb})  # fmt: skip
             del sets
     return rows
 
@@ -218,11 +220,23 @@ def _invariant_rows(quick, config=None):
                 t_default = _ours_decode(sets, cl, ql)
                 ts = _sdpa_decode(sets, cached)
                 fl = floor_us(nbytes)
-                rows.append({"case": "invariant " + ("q=1" if n == 1 else f"tree {n} nodes"),
-                             "heads": f"{hq}/{hkv}", "B": bsz, "L": length, "ours_us": t,
-                             "default_us": t_default, "over_default": t / t_default,
-                             "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
-                             "floor_frac": fl / t})  # fmt: skip
+                row = {
+                    "case": "invariant " + ("q=1" if n == 1 else f"tree {n} nodes"),
+                    "heads": f"{hq}/{hkv}",
+                    "B": bsz,
+                    "L": length,
+                    "ours_us": t,
+                    "default_us": t_default,
+                    "over_default": t / t_default,
+                    "sdpa_us": ts,
+                    "x_sdpa": ts / t,
+                    "floor_us": fl,
+                    "floor_frac": fl / t,
+                }
+                if n > 1:  # the same trees as bit rows (the same bits, tested)
+                    row["ours_bits_us"] = _ours_decode(sets, cl, ql, config, invariant=True,
+                                                       bits=True)  # fmt: skip
+                rows.append(row)
                 del sets
     # a frame's prefill in the lossless replay: a causal chain of new tokens over the context
     # (no SDPA column: its causal mask would be aligned to the top left)
