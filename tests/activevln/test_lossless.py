@@ -170,3 +170,38 @@ def test_fast_bit_row_masks_give_the_bool_masks_bits(tiny64):
         eng.bit_rows = bit_rows  # the bool form, as before bit rows
         replies.append({(r.episode, r.frame): r.tokens for r in eng.replay(episodes)})
     assert replies[0] == replies[1]
+
+
+@pytest.mark.parametrize("nq", [40, 100])
+def test_invariant_steps_from_bit_rows_equal_the_bool_masks(nq):
+    """The lossless preset's launch split, built from each row's chain and tree bit rows (what
+    the engine sends), equals the split built from the bool [B, Q, Q] mask: the same launches
+    and, over every live query and slot of the tree launch, the same mask."""
+    from flashrt_activevln.model.ops import invariant_steps
+    from flashrt_kernels.attention.properties import random_tree_mask
+    from flashrt_kernels.attention.reference import pack_tree_mask, unpack_tree_mask
+
+    rows = [(min(nq - 20, 80), 15), (1, 20), (30, 0), (0, 0), (nq - 40, 37)]
+    b = len(rows)
+    mask = torch.zeros(b, nq, nq, dtype=torch.bool)
+    bits = torch.randint(-(2**62), 2**62, (b, nq))  # noise wherever bits must not matter
+    for r, (c, n) in enumerate(rows):
+        mask[r, :c, :c] = torch.ones(c, c).tril().bool()
+        if n:
+            tree = random_tree_mask(n, 6, r)
+            mask[r, c : c + n, :c] = True
+            mask[r, c : c + n, c : c + n] = tree
+            bits[r, c : c + n] = pack_tree_mask(tree[None])[0]
+    q_lens = torch.tensor([c + n for c, n in rows], dtype=torch.int32)
+    chains = torch.tensor([c for c, _ in rows], dtype=torch.int32)
+    want = invariant_steps(mask, q_lens, chains, nq)
+    got = invariant_steps(bits, q_lens, chains, nq)
+    for name in ("causal_q", "offset", "index"):
+        a, g = getattr(want, name), getattr(got, name)
+        assert (a is None and g is None) or torch.equal(a, g), name
+    t = got.tree_mask.shape[1]
+    unpacked = unpack_tree_mask(got.tree_mask, t)
+    held = q_lens - (0 if got.offset is None else got.offset)
+    for r in range(b):
+        n = int(held[r])
+        assert torch.equal(unpacked[r, :n, :n], want.tree_mask[r, :n, :n]), r

@@ -183,6 +183,9 @@ def decoder_forward(
     att_lens = lengths.to(torch.int32)
     att_q = None if q_lens is None else q_lens.to(torch.int32)
     att_chain = None if chain_lens is None else chain_lens.to(torch.int32)
+    steps = None  # the query-invariant launches' split, once for every layer
+    if att_q is not None:
+        steps = ops.invariant_steps_for(new_visible, att_q, att_chain, embeds.dtype)
     rope_kernel = live is not None and ops.appends_rotary(x) and "model.layers.0." + QKV in w
     if rope_kernel:
         cos, sin = cos[0].contiguous(), sin[0].contiguous()
@@ -192,7 +195,8 @@ def decoder_forward(
         """Packed path: padded queries ``[b * q, nh, hd]`` over layer ``i``'s pool -> the live
         tokens' outputs ``[1, live, nh, hd]``."""
         a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
-                            att_lens, new_visible, extent, hd**-0.5, att_q, att_chain)  # fmt: skip
+                            att_lens, new_visible, extent, hd**-0.5, att_q, att_chain,
+                            steps)  # fmt: skip
         return a.reshape(b * q, nh, hd)[live_index][None]
 
     for i in range(cfg.num_layers):
