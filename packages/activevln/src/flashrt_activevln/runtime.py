@@ -530,12 +530,12 @@ class Engine:
         ids_t = np.zeros((b, q), dtype=np.int64)
         pos_t = np.zeros((3, b, q), dtype=np.int64)
         if self.bit_rows:  # bit t of node i's row: node t is i or one of its ancestors
-            vis = tree_bits = np.zeros((b, q), dtype=np.uint64)
+            tree_bits = np.zeros((b, q), dtype=np.uint64)
         else:
             vis = np.zeros((b, q, q), dtype=bool)
             vis[:, np.arange(q), np.arange(q)] = True  # padding sees only itself
+            tri = np.tri(max(len(c) for c in chains), dtype=bool)
         img_mask = np.zeros((b, q), dtype=bool)
-        tri = np.tri(max(len(c) for c in chains), dtype=bool)
         verify, after = [], []
         for r, (chain, (nodes, parents)) in enumerate(zip(chains, drafts, strict=True)):
             c, n = len(chain), len(nodes)
