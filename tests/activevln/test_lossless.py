@@ -169,10 +169,30 @@ def test_lossless_bit_row_masks_give_the_bool_masks_bits(tiny64):
         opt = preset("lossless", batch_size=3, grammar_tree_budget=16, constrain_to_grammar=True,
                      max_new_tokens=24)  # fmt: skip
         eng = Engine(Qwen25VL(cfg, dict(w), Engine.ops_for(opt)), proc, opt)
-        assert eng.bit_rows
-        eng.bit_rows = bit_rows  # the bool form, as before bit rows
+        eng.bit_rows = bit_rows
         replies.append({(r.episode, r.frame): r.tokens for r in eng.replay(episodes)})
     assert replies[0] == replies[1]
+
+
+def test_lossless_bit_rows_replay_on_the_cpu(monkeypatch):
+    """The lossless preset's runtime end to end with bit-row masks (bf16 on the CPU with the
+    kernels' torch references): the replies of the bool masks, with the tree at B = 3 and
+    without it at B = 1. (The tiny model's replies hardly depend on the tree's masks; the masks
+    themselves are compared by the test below.)"""
+    from flashrt_activevln.engine_setup import random_engine
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # backend "auto" then takes the references
+    episodes = synthetic_episodes(3, seed=3, mean_frames=3, min_frames=2, height=60, width=80)
+    replies = {}
+    for budget, bs, bit_rows in ((16, 3, True), (16, 3, False), (0, 1, True)):
+        opt = preset("lossless", grammar_tree_budget=budget, batch_size=bs,
+                     constrain_to_grammar=True, max_new_tokens=24)  # fmt: skip
+        eng = random_engine("tiny", opt, "cpu")
+        eng.bit_rows = bit_rows
+        replies[budget, bs, bit_rows] = {
+            (r.episode, r.frame): r.tokens for r in eng.replay(episodes)
+        }
+    assert replies[16, 3, True] == replies[16, 3, False] == replies[0, 1, True]
 
 
 @pytest.mark.parametrize("nq", [40, 100])
