@@ -120,13 +120,13 @@ class Stats:
 
 def uses_bit_rows(options: Options) -> bool:
     """Whether steps send their mask as each row's causal chain and its tree's bit rows (the
-    ``gqa`` kernel over the packed forward, trees of at most 63 nodes) instead of a bool
+    ``gqa`` kernel over the packed forward with trees of 1..64 nodes) instead of a bool
     ``[B, Q, Q]`` mask: nothing quadratic in the step's queries is built, uploaded, or read per
     score by the attention tiles. The ``gqa_invariant`` launches take bit rows too
     (``ops.invariant_steps``, tested on the CPU), but the lossless preset keeps the bool mask
     until its GPU test of the two forms (tests/activevln/test_lossless.py) has run."""
     return (options.attention_kernel == "gqa" and options.packed_prefill
-            and options.grammar_tree_budget <= 63)  # fmt: skip
+            and 0 < options.grammar_tree_budget <= 64)  # fmt: skip
 
 
 class Engine:
