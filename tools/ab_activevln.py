@@ -18,6 +18,8 @@ settings in place, restored afterwards. Variants:
 - ``causal-node-steps``: the query-invariant tiles' causal blocks stepped once per node
   (``CAUSAL_TILE_STEPS`` off: before 2026-12-06's second session; the lossless preset's frame
   prefills);
+- ``bool-masks``: steps send a bool ``[B, Q, Q]`` mask (``runtime.uses_bit_rows`` answers False:
+  before the chain + tree bit rows);
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
@@ -27,7 +29,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from flashrt_activevln import bench
+from flashrt_activevln import bench, runtime
 from flashrt_kernels.attention import splits
 from flashrt_kernels.gemm import few_rows
 
@@ -74,6 +76,7 @@ VARIANTS = {
     "attention-1206": (_attention_1206, {}),
     "pointer-kv": (_pointer_kv, {}),
     "causal-node-steps": (lambda: _patched(splits.INVARIANT, CAUSAL_TILE_STEPS=False), {}),
+    "bool-masks": (lambda: _patched(runtime, uses_bit_rows=lambda options: False), {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 

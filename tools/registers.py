@@ -43,18 +43,22 @@ def _empty(*shape, dtype=BF16):
     return torch.empty(*shape, dtype=dtype)
 
 
-def _gqa_step(config):
-    """A replay-shaped step (B = 8, 150 queries, 16/2 heads, d = 128) under ``config``."""
+def _gqa_step(config, masks=("causal", "bool")):
+    """A replay-shaped step (B = 8, 150 queries, 16/2 heads, d = 128) under ``config``, once per
+    mask form: causal, a bool mask, bit rows after each row's causal chain."""
     from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
     from flashrt_kernels.attention.splits import workspace_numel
 
     bsz, q_max, hq, hkv, d, cap = 8, 150, 16, 2, 128, 8200
     lens = torch.zeros(bsz, dtype=torch.int32)
     k = _empty(bsz, cap, hkv, d)
-    for mode, mask in ((0, None), (1, torch.zeros(bsz, q_max, q_max, dtype=torch.uint8))):
+    forms = {"causal": (0, None, None),
+             "bool": (1, torch.zeros(bsz, q_max, q_max, dtype=torch.uint8), None),
+             "chain": (2, torch.zeros(bsz, q_max, dtype=torch.int64), lens)}  # fmt: skip
+    for mode, mask, chain in (forms[m] for m in masks):
         launch_gqa_tiles(_empty(bsz, q_max, hq, d), k, k, _empty(bsz, q_max, hq, d), lens, lens,
                          q_starts=None, cache_rows=None, mask=mask, mask_mode=mode, q_max=q_max,
-                         split=True, scale=0.1, config=config,
+                         split=True, scale=0.1, config=config, chain_lens=chain,
                          workspace=torch.empty(workspace_numel(bsz, q_max, hq, hkv, d, cap)))  # fmt: skip
 
 
@@ -88,6 +92,7 @@ def _segmented(d, seg):
 CASES = {
     "gqa step (narrow, wide; causal, bool mask)": lambda: _gqa_step(None),
     "gqa step, wide tiles with pointer loads": lambda: _gqa_step({"wide": {"TMA": False}}),
+    "gqa step, bit rows after chains": lambda: _gqa_step(None, ("chain",)),
     "invariant (causal chain, tree)": lambda: _invariant({}),
     "invariant, causal node steps": lambda: _invariant({"CAUSAL_TILE_STEPS": False}),
     "segmented d = 72, 720-patch images": lambda: _segmented(72, 720),

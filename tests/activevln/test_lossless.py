@@ -147,3 +147,84 @@ def test_lossless_replies_identical_across_tree_and_batch(tiny64):
     # the vision ahead embeds frames in other image batches: the same bits (batch-invariant tower)
     assert replies[16, 3, 0] == replies[0, 1, 0] == replies[16, 1, 0] == replies[16, 3, 2]
     assert forwards[16, 1, 0] < forwards[0, 1, 0]
+
+
+@pytest.mark.gpu
+def test_lossless_bit_row_masks_give_the_bool_masks_bits(tiny64):
+    """bf16 on the GPU: the lossless preset's steps with bit-row masks (chains and tree bit rows,
+    the launch split built once a forward) and with bool [B, Q, Q] masks give the same greedy
+    replies, frame for frame (the query-invariant kernel's bits do not depend on the mask's
+    form). The fast preset promises no such thing: its kernels are faithful only, and a compiler
+    may contract the two forms' score arithmetic differently."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flashrt_activevln.model import Qwen25VL
+    from flashrt_activevln.runtime import Engine
+
+    cfg, w64, proc = tiny64
+    w = {k: t.to("cuda", torch.bfloat16) for k, t in w64.items()}
+    episodes = synthetic_episodes(4, seed=5, mean_frames=4, min_frames=2)
+    replies = []
+    for bit_rows in (True, False):
+        opt = preset("lossless", batch_size=3, grammar_tree_budget=16, constrain_to_grammar=True,
+                     max_new_tokens=24)  # fmt: skip
+        eng = Engine(Qwen25VL(cfg, dict(w), Engine.ops_for(opt)), proc, opt)
+        eng.bit_rows = bit_rows
+        replies.append({(r.episode, r.frame): r.tokens for r in eng.replay(episodes)})
+    assert replies[0] == replies[1]
+
+
+def test_lossless_bit_rows_replay_on_the_cpu(monkeypatch):
+    """The lossless preset's runtime end to end with bit-row masks (bf16 on the CPU with the
+    kernels' torch references): the replies of the bool masks, with the tree at B = 3 and
+    without it at B = 1. (The tiny model's replies hardly depend on the tree's masks; the masks
+    themselves are compared by the test below.)"""
+    from flashrt_activevln.engine_setup import random_engine
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # backend "auto" then takes the references
+    episodes = synthetic_episodes(3, seed=3, mean_frames=3, min_frames=2, height=60, width=80)
+    replies = {}
+    for budget, bs, bit_rows in ((16, 3, True), (16, 3, False), (0, 1, True)):
+        opt = preset("lossless", grammar_tree_budget=budget, batch_size=bs,
+                     constrain_to_grammar=True, max_new_tokens=24)  # fmt: skip
+        eng = random_engine("tiny", opt, "cpu")
+        eng.bit_rows = bit_rows
+        replies[budget, bs, bit_rows] = {
+            (r.episode, r.frame): r.tokens for r in eng.replay(episodes)
+        }
+    assert replies[16, 3, True] == replies[16, 3, False] == replies[0, 1, True]
+
+
+@pytest.mark.parametrize("nq", [40, 100])
+def test_invariant_steps_from_bit_rows_equal_the_bool_masks(nq):
+    """The lossless preset's launch split, built from each row's chain and tree bit rows (what
+    the engine sends), equals the split built from the bool [B, Q, Q] mask: the same launches
+    and, over every live query and slot of the tree launch, the same mask."""
+    from flashrt_activevln.model.ops import invariant_steps
+    from flashrt_kernels.attention.properties import random_tree_mask
+    from flashrt_kernels.attention.reference import pack_tree_mask, unpack_tree_mask
+
+    rows = [(min(nq - 20, 80), 15), (1, 20), (30, 0), (0, 0), (nq - 40, 37)]
+    b = len(rows)
+    mask = torch.zeros(b, nq, nq, dtype=torch.bool)
+    bits = torch.randint(-(2**62), 2**62, (b, nq))  # noise wherever bits must not matter
+    for r, (c, n) in enumerate(rows):
+        mask[r, :c, :c] = torch.ones(c, c).tril().bool()
+        if n:
+            tree = random_tree_mask(n, 6, r)
+            mask[r, c : c + n, :c] = True
+            mask[r, c : c + n, c : c + n] = tree
+            bits[r, c : c + n] = pack_tree_mask(tree[None])[0]
+    q_lens = torch.tensor([c + n for c, n in rows], dtype=torch.int32)
+    chains = torch.tensor([c for c, _ in rows], dtype=torch.int32)
+    want = invariant_steps(mask, q_lens, chains, nq)
+    got = invariant_steps(bits, q_lens, chains, nq)
+    for name in ("causal_q", "offset", "index"):
+        a, g = getattr(want, name), getattr(got, name)
+        assert (a is None and g is None) or torch.equal(a, g), name
+    t = got.tree_mask.shape[1]
+    unpacked = unpack_tree_mask(got.tree_mask, t)
+    held = q_lens - (0 if got.offset is None else got.offset)
+    for r in range(b):
+        n = int(held[r])
+        assert torch.equal(unpacked[r, :n, :n], want.tree_mask[r, :n, :n]), r

@@ -178,3 +178,42 @@ def test_vision_ahead_changes_no_reply(make_engine, tiny64, episodes):
             assert calls < calls0 if depth == 3 else calls <= calls0, (opts, depth, calls, calls0)
             assert not eng._embeds  # every frame embedded ahead was used
             assert sum(stats["ms_per_frame"].values()) > 0
+
+
+def test_bit_row_masks_are_the_bool_masks(make_engine, tiny64, episodes):
+    """With the gqa kernel and the packed forward the engine sends each step's mask as each row's
+    causal chain and its tree's bit rows (no [B, Q, Q] mask): on every step of a replay with
+    trees (nodes deeper than one among them) they unpack to the bool mask over the live queries
+    and slots, and the replies are the bool masks' (float64: the reference attention)."""
+    from flashrt_kernels.attention.reference import unpack_tree_mask
+
+    for budget, bs, graphs in ((8, 3, False), (16, 2, True)):
+        opt = preset("reference", dtype="float64", grammar_tree_budget=budget, batch_size=bs,
+                     constrain_to_grammar=True, packed_prefill=True, attention_kernel="gqa",
+                     cuda_graphs=graphs, max_new_tokens=24)  # fmt: skip
+        eng = make_engine(tiny64, opt)
+        assert eng.bit_rows
+        inputs, steps = eng._inputs, []
+
+        def spy(rows, turns, chains, chain_pos, drafts, inputs=inputs, eng=eng, steps=steps):
+            host, verified = inputs(rows, turns, chains, chain_pos, drafts)
+            eng.bit_rows = False
+            plain, _ = inputs(rows, turns, chains, chain_pos, drafts)
+            eng.bit_rows = True
+            steps.append((host, plain, drafts))
+            return host, verified
+
+        eng._inputs = spy
+        bits = {(r.episode, r.frame): r.tokens for r in eng.replay(episodes)}
+        deep = 0
+        for host, plain, drafts in steps:
+            assert "vis" not in host and "tree_bits" not in plain
+            q = host["ids"].shape[1]
+            got = unpack_tree_mask(host["tree_bits"], q, host["chain"])
+            for r, n in enumerate(host["q_lens"].tolist()):
+                assert torch.equal(got[r, :n, :n], plain["vis"][r, :n, :n])
+            deep += sum(p >= 0 for _, parents in drafts for p in parents)
+        assert deep > 0, "no tree deeper than one node: the bit rows' ancestors went untested"
+        want, _ = _replay(make_engine, tiny64, episodes, grammar_tree_budget=budget,
+                          batch_size=bs, constrain_to_grammar=True, packed_prefill=True)  # fmt: skip
+        assert bits == want, (budget, bs, graphs)

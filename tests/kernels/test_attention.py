@@ -52,6 +52,27 @@ def test_reference_tree_with_chain_mask_equals_causal():
     assert torch.equal(a[1, 3:], torch.zeros_like(a[1, 3:]))
 
 
+def test_chain_bit_rows_unpack_to_chain_then_tree():
+    # row 0: a chain of 3 tokens, then a 3-node tree (node 2's parent is node 0); row 1: no
+    # chain; chain queries' rows and bits past the tree are noise the mask must ignore
+    bits = torch.tensor([[-1, 7, -8, 1 | 2**40, 2 | 2**50, 5 | 2**60],
+                         [1, 3, 5, 9, 16, -2**63]])  # fmt: skip
+    m = reference.unpack_tree_mask(bits, 6, _lens(3, 0))
+    chain = torch.tril(torch.ones(3, 3, dtype=torch.bool))
+    assert torch.equal(m[0, :3, :3], chain) and not m[0, :3, 3:].any()
+    assert m[0, 3:, :3].all()
+    want_tree = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(m[0, 3:, 3:], want_tree)
+    assert torch.equal(m[1], reference.unpack_tree_mask(bits[1:], 6)[0])
+    assert torch.equal(m[1, 5], torch.zeros(6, dtype=torch.bool))  # bit 63 is node 63: past q_max
+    # a whole-row chain is causal
+    q = torch.randn(2, 6, 4, 64, dtype=BF16)
+    k = torch.randn(2, 50, 2, 64, dtype=BF16)
+    cl, ql = _lens(10, 40), _lens(6, 3)
+    whole = reference.gqa_attention(q, k, k, cl, ql, tree_mask=bits, chain_lens=ql)
+    assert torch.equal(whole, reference.gqa_attention(q, k, k, cl, ql))
+
+
 def test_kv_pool_append_commit_reuse():
     pool = KVPool(2, 3, 32, 2, 8, dtype=torch.float32)
     r0, r1 = pool.acquire(), pool.acquire()
@@ -148,6 +169,9 @@ def test_out_and_workspace_variant_allocates_into_given_buffers():
         gqa_attention(q, k, k, _lens(30), _lens(2), out=out, workspace=ws[:10])
 
 
+BITS = torch.ones(2, 2, dtype=torch.int64)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -159,6 +183,13 @@ def test_out_and_workspace_variant_allocates_into_given_buffers():
         ({"tree_mask": torch.ones(2, 2, 3, dtype=torch.bool)}, ValueError, "tree_mask must have"),
         ({"tree_mask": torch.ones(2, 2, 2)}, TypeError, "tree_mask must have dtype"),
         ({"out": torch.empty(2, 2, 4, 64)}, TypeError, "out must have dtype"),
+        ({"chain_lens": _lens(1, 1)}, ValueError, "chain_lens needs a bit-row"),
+        (
+            {"chain_lens": _lens(1, 1), "tree_mask": BITS, "query_invariant": True},
+            ValueError,
+            "not supported with query_invariant",
+        ),
+        ({"chain_lens": _lens(1), "tree_mask": BITS}, ValueError, r"chain_lens must have shape"),
         ({"scale": -1.0}, ValueError, "scale must be > 0"),
         ({"backend": "cute"}, ValueError, "not implemented"),
     ],

@@ -195,8 +195,9 @@ def step_forward(model, pool, x: dict, image, extent: int, children, greedy: boo
         pool.move(x["move_src"], x["move_dst"])
     b, q = x["ids"].shape
     embeds = model.embed_step(x["ids"], x["image_index"], image)
+    mask = x["tree_bits"] if "tree_bits" in x else x["vis"]
     hidden = model.decode(
-        embeds, x["pos"], pool, x["lengths"], x["vis"], x.get("q_lens"), extent, x.get("live"),
+        embeds, x["pos"], pool, x["lengths"], mask, x.get("q_lens"), extent, x.get("live"),
         x.get("chain"), after_layer,
     )  # fmt: skip
     logits = model.logits(hidden.reshape(b * q, -1)[x["verify"]])
@@ -256,8 +257,8 @@ class StepGraphs:
 
     def run(self, host: dict[str, torch.Tensor], extent: int, image: torch.Tensor | None = None):
         """The step's host inputs at bucket shapes (``Engine._inputs``: ids, image_index, pos,
-        lengths, vis, q_lens, live, verify, and after / chain / move_src / move_dst where the
-        engine uses them) and its image rows (or None) -> (logits [R_max, V], choices [R_max] or
+        lengths, vis or tree_bits, q_lens, live, verify, and after / chain / move_src / move_dst
+        where the engine uses them) and its image rows (or None) -> (logits [R_max, V], choices [R_max] or
         None), static tensors valid until the next call."""
         host = {k: host[k] for k in sorted(host)}
         b, q_b = host["ids"].shape
@@ -303,11 +304,13 @@ class StepGraphs:
         return g.logits, g.choices
 
     def capture_all(self, bucket_list: list[tuple[int, int]], constrained: bool,
-                    chains: bool = False) -> int:  # fmt: skip
+                    chains: bool = False, bit_rows: bool = False) -> int:  # fmt: skip
         """Captures every bucket of ``bucket_list`` not captured yet, over placeholder inputs of
         the bucket's shapes (query lengths that fill ``T_b``, KV lengths 0: the K/V they write
         lie past every row's committed prefix, never read; no image rows; the moves copy slot 0
-        onto itself). Returns how many were captured."""
+        onto itself), with the engine's input names: ``chains`` (each row's causal chain) and
+        ``bit_rows`` (the mask as tree bit rows after the chains, not ``vis``). Returns how many
+        were captured."""
         b = self.pool.k.shape[1]
         new = 0
         for t_b, q_b in bucket_list:
@@ -321,14 +324,17 @@ class StepGraphs:
                 "image_index": torch.full((b, q_b), -1, dtype=torch.long),
                 "pos": torch.zeros(3, b, q_b, dtype=torch.long),
                 "lengths": torch.zeros(b, dtype=torch.long),
-                "vis": torch.eye(q_b, dtype=torch.bool).repeat(b, 1, 1),
                 "q_lens": q_lens,
                 "live": live,
                 "verify": torch.zeros(self.max_verify, dtype=torch.long),
             }
             if constrained:
                 host["after"] = torch.zeros(self.max_verify, dtype=torch.long)
-            if chains:
+            if bit_rows:
+                host["tree_bits"] = torch.zeros(b, q_b, dtype=torch.long)
+            else:
+                host["vis"] = torch.eye(q_b, dtype=torch.bool).repeat(b, 1, 1)
+            if chains or bit_rows:
                 host["chain"] = q_lens.clone()
             if self.max_moves:
                 host["move_src"] = torch.zeros(self.max_moves, dtype=torch.long)

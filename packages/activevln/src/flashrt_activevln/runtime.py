@@ -118,9 +118,21 @@ class Stats:
         }
 
 
+def uses_bit_rows(options: Options) -> bool:
+    """Whether steps send their mask as each row's causal chain and its tree's bit rows (the
+    ``gqa`` kernel over the packed forward with trees of 1..64 nodes) instead of a bool
+    ``[B, Q, Q]`` mask: nothing quadratic in the step's queries is built, uploaded, or read per
+    score by the attention tiles. The ``gqa_invariant`` launches take bit rows too
+    (``ops.invariant_steps``, tested on the CPU), but the lossless preset keeps the bool mask
+    until its GPU test of the two forms (tests/activevln/test_lossless.py) has run."""
+    return (options.attention_kernel == "gqa" and options.packed_prefill
+            and 0 < options.grammar_tree_budget <= 64)  # fmt: skip
+
+
 class Engine:
     def __init__(self, model: Qwen25VL, processor: ActiveVLNProcessor, options: Options):
         self.model, self.proc, self.opt = model, processor, options
+        self.bit_rows = uses_bit_rows(options)
         cfg = model.cfg
         self.eos = cfg.eos_token_ids[0]
         self.eos_set = set(cfg.eos_token_ids)
@@ -193,7 +205,7 @@ class Engine:
             self.graphs = self._new_graphs(image_rows)
         chains = self.opt.attention_kernel == "gqa_invariant"
         new = self.graphs.capture_all(all_buckets(b, queries), self.opt.constrain_to_grammar,
-                                      chains)  # fmt: skip
+                                      chains, self.bit_rows)  # fmt: skip
         vg = self.vision_graphs
         patch_dim = self.model.w["visual.patch_embed.proj.weight"][0].numel()
         for h, w in sorted(sizes):
@@ -519,10 +531,13 @@ class Engine:
             tokens, q = buckets(int(q_lens.sum()), q, b)
         ids_t = np.zeros((b, q), dtype=np.int64)
         pos_t = np.zeros((3, b, q), dtype=np.int64)
-        vis = np.zeros((b, q, q), dtype=bool)
-        vis[:, np.arange(q), np.arange(q)] = True  # padding sees only itself
+        if self.bit_rows:  # bit t of node i's row: node t is i or one of its ancestors
+            tree_bits = np.zeros((b, q), dtype=np.uint64)
+        else:
+            vis = np.zeros((b, q, q), dtype=bool)
+            vis[:, np.arange(q), np.arange(q)] = True  # padding sees only itself
+            tri = np.tri(max(len(c) for c in chains), dtype=bool)
         img_mask = np.zeros((b, q), dtype=bool)
-        tri = np.tri(max(len(c) for c in chains), dtype=bool)
         verify, after = [], []
         for r, (chain, (nodes, parents)) in enumerate(zip(chains, drafts, strict=True)):
             c, n = len(chain), len(nodes)
@@ -531,25 +546,35 @@ class Engine:
                 k = c - len(turns[r].ids)
                 img_mask[r, k:c] = np.asarray(turns[r].ids) == self.model.cfg.image_token_id
             pos_t[:, r, :c] = chain_pos[r].numpy()
-            vis[r, :c, :c] = tri[:c, :c]
+            if not self.bit_rows:
+                vis[r, :c, :c] = tri[:c, :c]
             if n:
                 row = rows[r]
                 ids_t[r, c : c + n] = [node.token for node in nodes]
                 depth = np.array([node.depth for node in nodes])
                 pos_t[:, r, c : c + n] = row.next_pos - 1 + depth - row.node.depth
-                tree = vis[r, c : c + n]  # a view: each node sees the chain and its ancestors
-                tree[:, :c] = True
-                for i, parent in enumerate(parents):
-                    if parent >= 0:
-                        tree[i] |= tree[parent]
+                if self.bit_rows:
+                    node_bits = tree_bits[r, c : c + n]
+                    for i, parent in enumerate(parents):
+                        node_bits[i] = (1 << i) | (int(node_bits[parent]) if parent >= 0 else 0)
+                else:
+                    tree = vis[r, c : c + n]  # a view: each node sees the chain and its ancestors
+                    tree[:, :c] = True
+                    for i, parent in enumerate(parents):
+                        if parent >= 0:
+                            tree[i] |= tree[parent]
             if rows[r] is not None:
                 verify += [r * q + c - 1] + [r * q + c + i for i in range(n)]
                 after += [rows[r].node] + nodes
         lengths = np.array([row.length if row else 0 for row in rows], dtype=np.int64)
         image_index = np.full((b, q), -1, dtype=np.int64)
         image_index[img_mask] = np.arange(int(img_mask.sum()))  # the image rows in row order
-        host = {"ids": ids_t, "image_index": image_index, "pos": pos_t, "lengths": lengths,
-                "vis": vis}  # fmt: skip
+        host = {"ids": ids_t, "image_index": image_index, "pos": pos_t, "lengths": lengths}
+        if self.bit_rows:
+            host["tree_bits"] = tree_bits.view(np.int64)
+            host["chain"] = np.array([len(c) for c in chains])
+        else:
+            host["vis"] = vis
         size = b * self.opt.grammar_tree_budget if self.opt.cuda_graphs else None
         src, dst = self.pool.move_slots(self._moves, size)
         if src.size:

@@ -181,14 +181,25 @@ class Ops:
         gate, up = gate_up.chunk(2, dim=-1)
         return self.swiglu(gate, up)
 
+    def invariant_steps_for(self, new_visible, q_lens, chain_lens, dtype):
+        """A packed forward's ``invariant_steps``, once for all its layers, where the
+        query-invariant kernel will run (else None)."""
+        if self.attention != "gqa_invariant" or dtype not in (torch.bfloat16, torch.float16):
+            return None
+        return invariant_steps(new_visible, q_lens, chain_lens, new_visible.shape[1])
+
     def attend_pool(self, q, k_layer, v_layer, lengths, new_visible, extent, scale, q_lens=None,
-                    chain_lens=None):  # fmt: skip
+                    chain_lens=None, steps=None):  # fmt: skip
         """q [B, H, Q, D] over one pool layer [rows, capacity, Hkv, D] -> [B, Q, H, D].
         ``q_lens`` [B]: live queries per row (default all Q); the kernel skips the others.
         ``chain_lens`` [B] (``gqa_invariant``): each row's leading causal queries; the rest of
         its live queries are a tree of at most ``INVARIANT_TREE`` nodes over them (without it,
-        rows of more than ``INVARIANT_TREE`` queries must be causal)."""
+        rows of more than ``INVARIANT_TREE`` queries must be causal). ``new_visible`` is bool
+        ``[B, Q, Q]``, or int64 bit rows ``[B, Q]`` of each row's tree after its ``chain_lens``
+        chain. ``steps``: ``invariant_steps`` of this mask, prepared once per forward
+        (``invariant_steps_for``; built here when None)."""
         b, _, nq, _ = q.shape
+        bit_rows = new_visible.dtype == torch.int64
         if self.attention != "reference" and q.dtype in (torch.bfloat16, torch.float16):
             from flashrt_kernels.attention import gqa_attention
 
@@ -202,12 +213,20 @@ class Ops:
                         "Ops(attention='gqa_invariant'): a step of more than "
                         f"{INVARIANT_TREE} queries needs q_lens (the packed forward)"
                     )
-                return _invariant_attention(qq, k_layer, v_layer, lens, q_lens, new_visible,
-                                            scale, chain_lens)  # fmt: skip
-            return gqa_attention(
-                qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible, scale=scale
-            )
+                if steps is None:
+                    steps = invariant_steps(new_visible, q_lens, chain_lens, nq)
+                return _invariant_attention(qq, k_layer, v_layer, lens, q_lens, steps, scale)
+            return gqa_attention(qq, k_layer, v_layer, lens, q_lens, tree_mask=new_visible,
+                                 scale=scale, chain_lens=chain_lens if bit_rows else None)  # fmt: skip
         from flashrt_activevln.model.text import visibility
+
+        if bit_rows:
+            from flashrt_kernels.attention.reference import unpack_tree_mask
+
+            new_visible = unpack_tree_mask(new_visible, nq, chain_lens)
+            if q_lens is not None:  # padded slots are never written: unseen
+                live = torch.arange(nq, device=q.device) < q_lens[:, None]
+                new_visible = new_visible & live[:, None, :]
 
         visible = visibility(lengths, new_visible, extent)
         k = k_layer[:, :extent].transpose(1, 2)
@@ -304,37 +323,86 @@ def _invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) 
     return y if b is None else y + b
 
 
-def _invariant_attention(q, k_layer, v_layer, lens, q_lens, mask, scale, chain_lens=None):
+@dataclass(frozen=True)
+class InvariantSteps:
+    """How a step's queries split between the query-invariant launches (``invariant_steps``):
+    the causal launch's query count per row (each long row's chain; None when the step is one
+    tree launch), each row's first query slot in the tree launch (``offset``; None with one
+    launch) and those slots (``index`` [B, t]), and the tree launch's mask: bool [B, t, t] or
+    int64 bit rows [B, t]."""
+
+    causal_q: torch.Tensor | None
+    offset: torch.Tensor | None
+    index: torch.Tensor | None
+    tree_mask: torch.Tensor
+
+
+def _low_bits(n: torch.Tensor) -> torch.Tensor:
+    """int64 with the low ``n`` bits set (0 <= n <= 64)."""
+    one = torch.ones_like(n)
+    return torch.where(n >= 64, -one, (one << n.clamp(max=63)) - 1)
+
+
+def invariant_steps(mask, q_lens, chain_lens, nq: int) -> InvariantSteps:
+    """The split of ``_invariant_attention`` for a step of ``nq`` query slots: ``mask`` is bool
+    [B, nq, nq], or int64 bit rows [B, nq] of each row's tree after its ``chain_lens`` chain
+    (``flashrt_kernels.attention.reference.unpack_tree_mask``); the engine's packed forward
+    builds it once per forward. A row launched whole as a tree gets the whole-row bit rows
+    (chain tokens causal, bit ``c + t`` for node ``t``); a long row's tree launch starts at its
+    chain's end, where its bit rows are already relative."""
+    t = INVARIANT_TREE
+    b = q_lens.shape[0]
+    bits = mask.dtype == torch.int64
+    dev = q_lens.device
+    chain = q_lens if chain_lens is None else chain_lens.to(q_lens.dtype)
+    if nq <= t:
+        long = torch.zeros_like(q_lens, dtype=torch.bool)
+        causal_q = offset = index = None
+        slots = torch.arange(nq, device=dev).expand(b, nq)
+    else:
+        long = q_lens > t
+        causal_q = offset = torch.where(long, chain, torch.zeros_like(q_lens))
+        index = slots = (offset[:, None] + torch.arange(t, device=dev)).long()  # < nq + t
+    if not bits:
+        if index is None:
+            return InvariantSteps(None, None, None, mask)
+        m_pad = torch.nn.functional.pad(mask, (0, t, 0, t))
+        m_rows = m_pad.gather(1, index[:, :, None].expand(b, t, nq + t))
+        return InvariantSteps(
+            causal_q, offset, index, m_rows.gather(2, index[:, None, :].expand(b, t, t))
+        )
+    node_bits = torch.nn.functional.pad(mask, (0, t)).gather(1, slots)
+    c = chain.long()[:, None]
+    i = torch.arange(slots.shape[1], device=dev)[None]
+    nodes = torch.where(c >= 64, 0, node_bits << c.clamp(max=63))
+    whole = torch.where(i < c, _low_bits(i + 1), _low_bits(c) | nodes)
+    return InvariantSteps(causal_q, offset, index, torch.where(long[:, None], node_bits, whole))
+
+
+def _invariant_attention(q, k_layer, v_layer, lens, q_lens, steps: InvariantSteps, scale):
     """``gqa_attention(query_invariant=True)`` for a step whose rows may mix trees (at most
     ``INVARIANT_TREE`` queries, or a causal chain followed by a tree of at most that many nodes)
-    with long causal prefill chains. Steps of at most ``INVARIANT_TREE`` queries are one tree
-    launch. Longer steps are two launches: a causal one over each long row's chain (its first
-    ``chain_lens`` queries; without ``chain_lens`` the whole row), and one tree launch over
-    ``INVARIANT_TREE`` query slots gathered per row from an offset: 0 for a short row (its whole
-    mask), the chain's end for a long row, whose nodes then see the chain as committed keys
-    (the kernel's bits do not depend on where the prefix is cut). Each query's output comes
-    from the launch that holds it."""
+    with long causal prefill chains (``steps``: ``invariant_steps``). Steps of at most
+    ``INVARIANT_TREE`` queries are one tree launch. Longer steps are two launches: a causal one
+    over each long row's chain, and one tree launch over ``INVARIANT_TREE`` query slots gathered
+    per row from an offset: 0 for a short row (its whole mask), the chain's end for a long row,
+    whose nodes then see the chain as committed keys (the kernel's bits do not depend on where
+    the prefix is cut, nor on the mask's form). Each query's output comes from the launch that
+    holds it."""
     from flashrt_kernels.attention import gqa_attention
 
     b, nq = q.shape[:2]
     t = INVARIANT_TREE
-    if nq <= t:
-        return gqa_attention(q, k_layer, v_layer, lens, q_lens, tree_mask=mask, scale=scale,
-                             query_invariant=True)  # fmt: skip
-    long = q_lens > t
-    zero = torch.zeros_like(q_lens)
-    chain = q_lens if chain_lens is None else chain_lens.to(q_lens.dtype)
-    out = gqa_attention(q, k_layer, v_layer, lens, torch.where(long, chain, zero), scale=scale,
+    if steps.index is None:
+        return gqa_attention(q, k_layer, v_layer, lens, q_lens, tree_mask=steps.tree_mask,
+                             scale=scale, query_invariant=True)  # fmt: skip
+    out = gqa_attention(q, k_layer, v_layer, lens, steps.causal_q, scale=scale,
                         query_invariant=True)  # fmt: skip
-    offset = torch.where(long, chain, zero)
-    idx = (offset[:, None] + torch.arange(t, device=q.device)).long()  # [B, t], < nq + t
+    offset = steps.offset
     q_pad = torch.cat([q, q.new_zeros(b, t, *q.shape[2:])], 1)
-    view = idx[:, :, None, None].expand(b, t, *q.shape[2:])
-    m_pad = torch.nn.functional.pad(mask, (0, t, 0, t))
-    m_rows = m_pad.gather(1, idx[:, :, None].expand(b, t, nq + t))
-    tree_mask = m_rows.gather(2, idx[:, None, :].expand(b, t, t))
+    view = steps.index[:, :, None, None].expand(b, t, *q.shape[2:])
     tree = gqa_attention(q_pad.gather(1, view).contiguous(), k_layer, v_layer, lens + offset,
-                         q_lens - offset, tree_mask=tree_mask, scale=scale,
+                         q_lens - offset, tree_mask=steps.tree_mask, scale=scale,
                          query_invariant=True)  # fmt: skip
     o_pad = torch.cat([out, out.new_zeros(b, t, *out.shape[2:])], 1)
     held = (torch.arange(t, device=q.device)[None] < (q_lens - offset)[:, None])[..., None, None]

@@ -3,7 +3,9 @@
 One forward runs B rows of Q new tokens each. Row b's new tokens go to KV slots
 ``lengths[b] .. lengths[b] + Q - 1``; query i of row b sees every committed slot
 (``< lengths[b]``) and the new slots ``j`` with ``new_visible[b, i, j]`` (causal for a chain of
-prompt tokens, ancestors for a draft tree, only itself for padding). Slots past a row's new tokens
+prompt tokens, ancestors for a draft tree, only itself for padding), or, in the packed forward,
+the same mask as int64 bit rows ``[B, Q]`` after each row's causal chain of ``chain_lens[b]``
+tokens (``flashrt_kernels.attention.reference.unpack_tree_mask``). Slots past a row's new tokens
 are never seen, so whatever an earlier episode left there cannot reach the output.
 """
 
@@ -136,7 +138,8 @@ def decoder_forward(
     ``live_index`` [T] int64: the live tokens' flat positions ``b * Q + i`` in order, when the
     caller has them on the host (else they are found on the device: a host read).
     ``chain_lens`` [B] (packed mode): row b's first ``chain_lens[b]`` live tokens are a causal
-    chain and the rest a tree over it (``Ops.attend_pool``'s invariant attention uses it).
+    chain and the rest a tree over it (``Ops.attend_pool``'s invariant attention uses it; a
+    bit-row ``new_visible`` is relative to it).
     ``after_layer(i)``, when given, is called after layer ``i``'s work is issued (where a CUDA
     graph capture may start its next piece)."""
     b, q, _ = embeds.shape
@@ -153,6 +156,9 @@ def decoder_forward(
         raise ValueError(f"decoder_forward: KV extent {extent} exceeds capacity {pool.capacity}")
     few = q <= FEW_QUERIES
     lin = ops.text_linear
+    if new_visible.dtype != torch.bool and (q_lens is None or chain_lens is None):
+        raise ValueError("decoder_forward: a bit-row mask needs the packed forward's q_lens "
+                         "and chain_lens")  # fmt: skip
     if q_lens is None:
         live = None
         x = embeds
@@ -163,7 +169,8 @@ def decoder_forward(
         if bad:
             raise ValueError(f"decoder_forward: q_lens must be [{b}] with entries in [0, {q}]")
         live = torch.arange(q, device=q_lens.device)[None, :] < q_lens[:, None]  # [B, Q]
-        new_visible = new_visible & live[:, None, :]  # padded slots are never written: unseen
+        if new_visible.dtype == torch.bool:  # (bit rows never reach a padded slot)
+            new_visible = new_visible & live[:, None, :]  # padded slots are never written: unseen
         if live_index is None:
             live_index = live.reshape(-1).nonzero()[:, 0]
         x = embeds.reshape(b * q, -1)[live_index][None]  # [1, T, H]
@@ -175,6 +182,10 @@ def decoder_forward(
     # the kernels' int32 lengths, converted once per forward rather than in every layer
     att_lens = lengths.to(torch.int32)
     att_q = None if q_lens is None else q_lens.to(torch.int32)
+    att_chain = None if chain_lens is None else chain_lens.to(torch.int32)
+    steps = None  # the query-invariant launches' split, once for every layer
+    if att_q is not None:
+        steps = ops.invariant_steps_for(new_visible, att_q, att_chain, embeds.dtype)
     rope_kernel = live is not None and ops.appends_rotary(x) and "model.layers.0." + QKV in w
     if rope_kernel:
         cos, sin = cos[0].contiguous(), sin[0].contiguous()
@@ -184,7 +195,8 @@ def decoder_forward(
         """Packed path: padded queries ``[b * q, nh, hd]`` over layer ``i``'s pool -> the live
         tokens' outputs ``[1, live, nh, hd]``."""
         a = ops.attend_pool(qp.view(b, q, nh, hd).transpose(1, 2), pool.k[i], pool.v[i],
-                            att_lens, new_visible, extent, hd**-0.5, att_q, chain_lens)  # fmt: skip
+                            att_lens, new_visible, extent, hd**-0.5, att_q, att_chain,
+                            steps)  # fmt: skip
         return a.reshape(b * q, nh, hd)[live_index][None]
 
     for i in range(cfg.num_layers):

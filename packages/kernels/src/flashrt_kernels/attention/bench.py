@@ -60,11 +60,14 @@ def _decode_sets(bsz, length, n, hq, hkv, with_mask, config=None, invariant=Fals
     return sets, cl, ql, kv_bytes
 
 
-def _ours_decode(sets, cl, ql, config=None, invariant=False):
+def _ours_decode(sets, cl, ql, config=None, invariant=False, bits=False):
+    """Our launches over ``sets``, timed; ``bits``: tree masks as bit rows (mask mode 2)."""
     calls = []
     for q, k, v, mask, out, ws in sets:
-        mode = 0 if mask is None else 1
-        m = None if mask is None else mask.view(torch.uint8)
+        mode = 0 if mask is None else 2 if bits else 1
+        m = mask
+        if mask is not None:
+            m = reference.pack_tree_mask(mask) if bits else mask.view(torch.uint8)
 
         def call(q=q, k=k, v=v, m=m, out=out, ws=ws, mode=mode):
             if invariant:
@@ -124,11 +127,13 @@ def _tree_rows(quick):
         for n in (24, 64):
             sets, cl, ql, nbytes = _decode_sets(bsz, length, n, hq, hkv, True)
             t = _ours_decode(sets, cl, ql)
+            tb = _ours_decode(sets, cl, ql, bits=True)  # the same mask as bit rows
             ts = _sdpa_decode(sets, length)
             fl = floor_us(nbytes)
             rows.append({"case": f"tree {n} nodes", "heads": f"{hq}/{hkv}", "B": bsz, "L": length,
                          "ours_us": t, "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
-                         "floor_frac": fl / t, "ours_q1_us": t1, "tree_over_q1": t / t1})  # fmt: skip
+                         "floor_frac": fl / t, "ours_q1_us": t1, "tree_over_q1": t / t1,
+                         "ours_bits_us": tb, "x_sdpa_bits": ts / tb})  # fmt: skip
             del sets
     return rows
 
@@ -215,11 +220,23 @@ def _invariant_rows(quick, config=None):
                 t_default = _ours_decode(sets, cl, ql)
                 ts = _sdpa_decode(sets, cached)
                 fl = floor_us(nbytes)
-                rows.append({"case": "invariant " + ("q=1" if n == 1 else f"tree {n} nodes"),
-                             "heads": f"{hq}/{hkv}", "B": bsz, "L": length, "ours_us": t,
-                             "default_us": t_default, "over_default": t / t_default,
-                             "sdpa_us": ts, "x_sdpa": ts / t, "floor_us": fl,
-                             "floor_frac": fl / t})  # fmt: skip
+                row = {
+                    "case": "invariant " + ("q=1" if n == 1 else f"tree {n} nodes"),
+                    "heads": f"{hq}/{hkv}",
+                    "B": bsz,
+                    "L": length,
+                    "ours_us": t,
+                    "default_us": t_default,
+                    "over_default": t / t_default,
+                    "sdpa_us": ts,
+                    "x_sdpa": ts / t,
+                    "floor_us": fl,
+                    "floor_frac": fl / t,
+                }
+                if n > 1:  # the same trees as bit rows (the same bits, tested)
+                    row["ours_bits_us"] = _ours_decode(sets, cl, ql, config, invariant=True,
+                                                       bits=True)  # fmt: skip
+                rows.append(row)
                 del sets
     # a frame's prefill in the lossless replay: a causal chain of new tokens over the context
     # (no SDPA column: its causal mask would be aligned to the top left)
@@ -326,15 +343,16 @@ def invariant_sweep(quick: bool = False) -> list[dict]:
     return rows
 
 
+# (mask form, geometry): "bool" masks [B, q, q] (mask mode 1), or "bits": bit rows after each
+# row's causal chain (mode 2 with chain_lens; the trees' rows alone for the tree cases)
 STEP_SWEEP = (
-    {},
-    {"wide": {"TMA": False}},  # pointer loads for every block (before 2026-12-06's third change)
-    {"wide": {"BLOCK_M": 128, "num_warps": 8}},
-    {"wide": {"num_stages": 4}},
-    {"wide": {"BLOCK_N": 128}},
-    {"wide": {"num_stages": 2}},
-    {"WIDE_KEYS_PER_ROW": 16},
-    {"wide": {"MASKED_ELEMENTS": 1024}},
+    ("bool", {}),
+    ("bits", {}),
+    ("bits", {"wide": {"MAXNREG": 168}}),
+    ("bits", {"wide": {"MAXNREG": 128}}),
+    ("bits", {"wide": {"MASKED_ELEMENTS": 4096}}),
+    ("bits", {"wide": {"MASKED_ELEMENTS": 4096, "MAXNREG": 168}}),
+    ("bool", {"wide": {"MAXNREG": 168}}),
 )
 # A replay step of the ActiveVLN engine at B = 8 (Qwen2.5-VL-3B: 16/2 heads, d = 128): two rows
 # start a frame (150 causal queries: image and prompt tokens), six verify a grammar tree of 14
@@ -345,7 +363,8 @@ STEP_CONTEXT = (4000, 6000, 2000, 8000, 5000, 3000, 7000, 4500)
 
 def _step_sets(scale: float, hq: int = 16, hkv: int = 2):
     """Input sets of one replay-shaped step: per-row cached lengths and query counts, a causal
-    mask for the frame rows and a random ancestor mask for the tree rows (mask mode 1)."""
+    mask for the frame rows and a random ancestor mask for the tree rows (mask mode 1), and the
+    same mask as bit rows after each row's chain (the frame rows' whole query count)."""
     bsz, n = len(STEP_QUERIES), max(STEP_QUERIES)
     lens = [int(c * scale) for c in STEP_CONTEXT]
     cap = max(lens) + n
@@ -362,8 +381,14 @@ def _step_sets(scale: float, hq: int = 16, hkv: int = 2):
         sets.append((q, k, torch.randn_like(k), mask.to(DEVICE), torch.empty_like(q)))
     cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     ql = torch.tensor(STEP_QUERIES, dtype=torch.int32, device=DEVICE)
+    chains = torch.tensor([q if q > 16 else 0 for q in STEP_QUERIES], dtype=torch.int32)
+    bits = torch.zeros(bsz, n, dtype=torch.int64)
+    for b, q in enumerate(STEP_QUERIES):
+        if q <= 16:
+            bits[b, :q] = reference.pack_tree_mask(mask[b, :q, :q])
+    chain = (bits.to(DEVICE), chains.to(DEVICE))
     flops = sum(4 * hq * D * q * (c + q) for c, q in zip(lens, STEP_QUERIES, strict=True))
-    return sets, cl, ql, kv_bytes, flops
+    return sets, cl, ql, kv_bytes, flops, chain
 
 
 @register_benchmark("attention_step_sweep", "attention",
@@ -375,29 +400,32 @@ def run_step_sweep(quick: bool = False) -> list[dict]:
     rows = []
     sweep = STEP_SWEEP[:3] if quick else STEP_SWEEP
     for scale in (0.25, 1.0) if quick else (0.25, 1.0, 2.0):
-        sets, cl, ql, nbytes, flops = _step_sets(scale)
+        sets, cl, ql, nbytes, flops, (bits, chains) = _step_sets(scale)
         q_max, hq, hkv = sets[0][0].shape[1], sets[0][0].shape[2], sets[0][1].shape[2]
         cap = sets[0][1].shape[1]
-        for cfg in sweep:
+        for form, cfg in sweep:
             numel = workspace_numel(len(STEP_QUERIES), q_max, hq, hkv, D, cap, cfg)
             calls = []
             for q, k, v, mask, out in sets:
                 ws = torch.empty(numel, device=DEVICE)
+                masking = {"mask": mask.view(torch.uint8), "mask_mode": 1}
+                if form == "bits":
+                    masking = {"mask": bits, "mask_mode": 2, "chain_lens": chains}
                 calls.append(partial(launch_gqa_tiles, q, k, v, out, cl, ql, q_starts=None,
-                                     cache_rows=None, mask=mask.view(torch.uint8), mask_mode=1,
-                                     q_max=q_max, split=True, workspace=ws, scale=D**-0.5,
-                                     config=cfg))  # fmt: skip
+                                     cache_rows=None, q_max=q_max, split=True, workspace=ws,
+                                     scale=D**-0.5, config=cfg, **masking))  # fmt: skip
             t = time_graph_us(calls)
-            rows.append(_sweep_row("replay step", f"{hq}/{hkv}", len(STEP_QUERIES),
-                                   int(cl.float().mean()), cfg, t, floor_us(nbytes) / t,
-                                   flops / t * 1e-6))  # fmt: skip
+            rows.append({**_sweep_row("replay step", f"{hq}/{hkv}", len(STEP_QUERIES),
+                                      int(cl.float().mean()), cfg, t, floor_us(nbytes) / t,
+                                      flops / t * 1e-6), "mask": form})  # fmt: skip
         del sets
     for n in (24,) if quick else (24, 64):
-        for cfg in sweep:
+        for form, cfg in sweep:
             sets, cl, ql, nbytes = _decode_sets(8, 8192 - n, n, 16, 2, True, cfg)
-            t = _ours_decode(sets, cl, ql, cfg)
-            rows.append(_sweep_row(f"tree {n} nodes", "16/2", 8, 8192, cfg, t,
-                                   floor_us(nbytes) / t, 4 * 8 * 16 * n * 8192 * D / t * 1e-6))  # fmt: skip
+            t = _ours_decode(sets, cl, ql, cfg, bits=form == "bits")
+            rows.append({**_sweep_row(f"tree {n} nodes", "16/2", 8, 8192, cfg, t,
+                                      floor_us(nbytes) / t,
+                                      4 * 8 * 16 * n * 8192 * D / t * 1e-6), "mask": form})  # fmt: skip
             del sets
     return rows
 

@@ -60,7 +60,7 @@ def validate_lengths(op, bsz, device, **named):
 
 
 def _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale, out,
-              workspace, query_invariant):  # fmt: skip
+              workspace, query_invariant, chain_lens=None):  # fmt: skip
     check_tensor(OP, "q", q, dtypes=DTYPES, ndim=4, last_dim_contiguous=True)
     bsz, q_max, hq, d = q.shape
     if not (1 <= d <= MAX_HEAD_DIM and 1 <= q_max <= MAX_Q and bsz >= 1):
@@ -70,16 +70,24 @@ def _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, sc
         )
     validate_cache(OP, hq, d, q.dtype, q.device, k_cache, v_cache)
     validate_lengths(OP, bsz, q.device, cache_lens=cache_lens, q_lens=q_lens,
-                     cache_rows=cache_rows)  # fmt: skip
+                     cache_rows=cache_rows, chain_lens=chain_lens)  # fmt: skip
     if not isinstance(query_invariant, bool):
         raise TypeError(f"{OP}: query_invariant must be a bool, got {type(query_invariant)}")
+    if chain_lens is not None:
+        if tree_mask is None or tree_mask.dtype != torch.int64:
+            raise ValueError(f"{OP}: chain_lens needs a bit-row (int64 [B, q_max]) tree_mask")
+        if query_invariant:
+            raise ValueError(
+                f"{OP}: chain_lens is not supported with query_invariant=True (launch the "
+                "chains causally and the trees with their own bit rows)"
+            )
     if tree_mask is not None:
         if query_invariant and q_max > 64:
             raise ValueError(
                 f"{OP}: query_invariant tree verification takes at most 64 nodes, q_max={q_max}"
             )
         if tree_mask.dtype == torch.int64:
-            if q_max > 64:
+            if q_max > 64 and chain_lens is None:
                 raise ValueError(
                     f"{OP}: a bit-packed tree_mask holds at most 64 nodes, q_max={q_max}"
                 )
@@ -106,14 +114,21 @@ def _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, sc
 
 
 def gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale,
-                       out, workspace, backend, query_invariant=False) -> None:  # fmt: skip
+                       out, workspace, backend, query_invariant=False,
+                       chain_lens=None) -> None:  # fmt: skip
     """Writes ``out``; inputs validated, ``workspace`` sized. No allocation, no host sync."""
     which = resolve_backend(OP, backend, q.device, IMPLEMENTED)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if which == "reference":
-        ref = reference.gqa_attention_invariant if query_invariant else reference.gqa_attention
-        out.copy_(ref(q, k_cache, v_cache, cache_lens, q_lens, cache_rows=cache_rows,
-                      tree_mask=tree_mask, scale=scale))  # fmt: skip
+        if query_invariant:
+            ref = reference.gqa_attention_invariant(q, k_cache, v_cache, cache_lens, q_lens,
+                                                    cache_rows=cache_rows, tree_mask=tree_mask,
+                                                    scale=scale)  # fmt: skip
+        else:
+            ref = reference.gqa_attention(q, k_cache, v_cache, cache_lens, q_lens,
+                                          cache_rows=cache_rows, tree_mask=tree_mask,
+                                          scale=scale, chain_lens=chain_lens)  # fmt: skip
+        out.copy_(ref)
         return
     if tree_mask is None:
         mask, mode = None, 0
@@ -127,7 +142,8 @@ def gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree
         return
     launch_gqa_tiles(q, k_cache, v_cache, out, cache_lens, q_lens, q_starts=None,
                      cache_rows=cache_rows, mask=mask, mask_mode=mode, q_max=q.shape[1],
-                     split=True, workspace=workspace, scale=scale)  # fmt: skip
+                     split=True, workspace=workspace, scale=scale,
+                     chain_lens=chain_lens)  # fmt: skip
 
 
 def gqa_attention(
@@ -144,13 +160,17 @@ def gqa_attention(
     workspace: torch.Tensor | None = None,
     backend: str = "auto",
     query_invariant: bool = False,
+    chain_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode / tree-verify GQA attention over a KV pool layer (see ``reference.gqa_attention``).
 
     q ``[B, q_max, Hq, d]`` (bf16/fp16); caches ``[rows, capacity, Hkv, d]``; ``cache_lens``,
     ``q_lens`` (and ``cache_rows``, the pool row of each batch row) int32 ``[B]``; the new tokens'
     K/V must already be appended and ``cache_lens + q_lens <= capacity``. ``tree_mask``: bool
-    ``[B, q_max, q_max]`` or bit rows int64 ``[B, q_max]``; None = causal. With ``out`` and
+    ``[B, q_max, q_max]`` or bit rows int64 ``[B, q_max]``; None = causal. ``chain_lens`` int32
+    ``[B]`` (with bit rows): row b's first ``chain_lens[b]`` new tokens are a causal chain (a
+    frame's prompt), and bit ``t`` of a later query's row is node ``chain_lens[b] + t`` (trees of
+    up to 64 nodes after a chain of any length; ``reference.unpack_tree_mask``). With ``out`` and
     ``workspace`` (fp32, ``workspace_numel(...)`` elements) nothing is allocated.
     Contract: ``faithful`` to the reference (module docstring), ``exact`` across batch
     compositions, pool rows and padded ``q_max``. ``query_invariant``: each query's bits depend
@@ -158,15 +178,15 @@ def gqa_attention(
     nodes; its own workspace size, ``workspace_numel(..., query_invariant=True)``).
     """
     _validate(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale, out,
-              workspace, query_invariant)  # fmt: skip
+              workspace, query_invariant, chain_lens)  # fmt: skip
     if torch.compiler.is_compiling():
         if out is None:
             return torch.ops.flashrt.gqa_attention(q, k_cache, v_cache, cache_lens, q_lens,
                                                    cache_rows, tree_mask, scale, backend,
-                                                   query_invariant)  # fmt: skip
+                                                   query_invariant, chain_lens)  # fmt: skip
         torch.ops.flashrt.gqa_attention_out(q, k_cache, v_cache, cache_lens, q_lens, cache_rows,
                                             tree_mask, scale, out, workspace, backend,
-                                            query_invariant)  # fmt: skip
+                                            query_invariant, chain_lens)  # fmt: skip
         return out
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -175,7 +195,7 @@ def gqa_attention(
                             k_cache.shape[1], query_invariant=query_invariant)  # fmt: skip
         workspace = torch.empty(n, dtype=torch.float32, device=q.device)
     gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale,
-                       out, workspace, backend, query_invariant)  # fmt: skip
+                       out, workspace, backend, query_invariant, chain_lens)  # fmt: skip
     return out
 
 
@@ -184,15 +204,16 @@ def _gqa_attention_op(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
     q_lens: torch.Tensor, cache_rows: torch.Tensor | None, tree_mask: torch.Tensor | None,
     scale: float | None, backend: str, query_invariant: bool = False,
+    chain_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     return gqa_attention(q, k_cache, v_cache, cache_lens, q_lens, cache_rows=cache_rows,
                          tree_mask=tree_mask, scale=scale, backend=backend,
-                         query_invariant=query_invariant)  # fmt: skip
+                         query_invariant=query_invariant, chain_lens=chain_lens)  # fmt: skip
 
 
 @_gqa_attention_op.register_fake
 def _(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale, backend,
-      query_invariant=False):  # fmt: skip
+      query_invariant=False, chain_lens=None):  # fmt: skip
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -201,7 +222,7 @@ def _gqa_attention_out_op(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
     q_lens: torch.Tensor, cache_rows: torch.Tensor | None, tree_mask: torch.Tensor | None,
     scale: float | None, out: torch.Tensor, workspace: torch.Tensor, backend: str,
-    query_invariant: bool = False,
+    query_invariant: bool = False, chain_lens: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     gqa_attention_into(q, k_cache, v_cache, cache_lens, q_lens, cache_rows, tree_mask, scale,
-                       out, workspace, backend, query_invariant)  # fmt: skip
+                       out, workspace, backend, query_invariant, chain_lens)  # fmt: skip

@@ -38,7 +38,7 @@ from flashrt_kernels.attention.splits import (
     split_plan,
     vector_align,
 )
-from flashrt_kernels.backends import pdl_supported, triton_interpreter_active
+from flashrt_kernels.backends import maxnreg_kwargs, pdl_supported, triton_interpreter_active
 from flashrt_kernels.triton_helpers import cast_rne
 
 # Bound vs the reference, per dtype: probabilities rounded to the dtype (relative 2^-8 / 2^-11 of
@@ -79,14 +79,16 @@ def _row_chunk(total, q_len, G: tl.constexpr, NARROW: tl.constexpr, MIN_CHUNK: t
 
 
 @triton.jit
-def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
-                  m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
+def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, chain, Mask,
+                  mask_rows, m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
                   BLOCK_N: tl.constexpr, MASK_MODE: tl.constexpr, MASKED: tl.constexpr,
                   UPCAST: tl.constexpr, ALIGN: tl.constexpr, k_desc=None, v_desc=None,
                   desc_row=0, desc_col=0, TMA: tl.constexpr = False):  # fmt: skip
     """One K/V block of the online softmax. ``MASKED``: the block may hold new tokens or end past
     the extent (loads bounded by ``end``, the causal / ancestor mask applied); otherwise every key
-    is a committed one below ``end``, visible to every query.
+    is a committed one below ``end``, visible to every query. Mask mode 2: the row's first
+    ``chain`` new tokens are causal; query ``qi >= chain`` sees them and new token ``j >= chain``
+    where bit ``j - chain`` of its ``bits`` is set (``chain`` 0: plain bit rows).
     ``TMA`` (unmasked blocks only): K and V come through tensor descriptors over the pool's
     ``[slots, kv_heads * d]`` view, block ``(desc_row + n0, desc_col)``: the same values."""
     pos = n0 + tl.arange(0, BLOCK_N)
@@ -116,9 +118,12 @@ def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mas
             node = tl.load(Mask + mask_rows[:, None] + j[None, :], mask=in_new, other=0)
             visible = visible & ((j[None, :] < 0) | (node != 0))
         else:
-            jc = tl.minimum(tl.maximum(j, 0), 63).to(tl.int64)
-            seen = ((bits[:, None] >> jc[None, :]) & 1) != 0
-            visible = visible & ((j[None, :] < 0) | seen)
+            t = j - chain  # the node index in the row's tree, negative in its causal chain
+            tc = tl.minimum(tl.maximum(t, 0), 63).to(tl.int64)
+            seen = (((bits[:, None] >> tc[None, :]) & 1) != 0) & (t[None, :] < 64)
+            causal = (t[None, :] < 0) | (qi[:, None] < chain)
+            new_ok = tl.where(causal, j[None, :] <= qi[:, None], seen)
+            visible = visible & ((j[None, :] < 0) | new_ok)
         s = tl.where(visible, s, float("-inf"))
     m_blk = tl.max(s, 1)
     m_new = tl.maximum(m_i, m_blk)
@@ -144,7 +149,7 @@ def _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST: tl.constexpr):
 @triton.jit
 def gqa_tile_kernel(
     Q, K, V, KDesc, VDesc, Out, Opart, Mpart, Lpart,
-    CacheLens, QLens, QStarts, Rows, Mask,
+    CacheLens, QLens, QStarts, Rows, Mask, Chain,
     stride_qb, stride_qt, stride_qh,
     stride_kr, stride_kn, stride_kh,
     stride_vr, stride_vn, stride_vh,
@@ -159,8 +164,11 @@ def gqa_tile_kernel(
     QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     ALIGN: tl.constexpr,
     PDL: tl.constexpr, ONE_LOOP: tl.constexpr, TMA: tl.constexpr = False,
+    HAS_CHAIN: tl.constexpr = False,
 ):  # fmt: skip
-    """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max].
+    """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max], over
+    the nodes after each row's causal chain of ``Chain[b]`` new tokens with ``HAS_CHAIN`` (tiles
+    whose queries all lie in the chain stop at their last query's key, as causal tiles do).
     PACKED: queries and outputs are token-major ``[T, H, d]`` and row ``b`` owns tokens
     ``QStarts[b] .. QStarts[b + 1]`` (cu_seqlens); otherwise ``[B, q_max, H, d]``.
     ROW_CLASS: 0 every row, 1 rows of at most ``NARROW`` tile rows, 2 the others.
@@ -212,9 +220,15 @@ def gqa_tile_kernel(
         n_splits = 1
         start = split * 0
         end = total
+    chain = q_len * 0
+    if HAS_CHAIN:
+        chain = tl.load(Chain + b)
     if MASK_MODE == 0:
         last_q = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, q_len - 1)
         end = tl.minimum(end, cache_len + last_q + 1)
+    elif HAS_CHAIN:
+        last_q = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, q_len - 1)
+        end = tl.where(last_q < chain, tl.minimum(end, cache_len + last_q + 1), end)
 
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
@@ -249,15 +263,15 @@ def gqa_tile_kernel(
         desc_row = (row * capacity).to(tl.int32)
         for n0 in range(start, mid, BLOCK_N):
             m_i, l_i, acc = _attend_block(
-                q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
-                m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
+                q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, chain, Mask,
+                mask_rows, m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
                 BLOCK_N, MASK_MODE, False, UPCAST, ALIGN, KDesc, VDesc, desc_row,
                 h * HEAD_DIM, TMA,
             )  # fmt: skip
         for n0 in range(mid, end, TAIL_N):
             m_i, l_i, acc = _attend_block(
-                q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, Mask, mask_rows,
-                m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
+                q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, chain, Mask,
+                mask_rows, m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
                 TAIL_N, MASK_MODE, True, UPCAST, ALIGN,
             )  # fmt: skip
         if SPLIT:
@@ -358,11 +372,12 @@ def kv_descriptors(k_cache, v_cache, block_n: int):
 
 def launch_gqa_tiles(
     q, k_cache, v_cache, out, cache_lens, q_lens, *, q_starts, cache_rows, mask, mask_mode,
-    q_max, split, workspace, scale, config=None,
+    q_max, split, workspace, scale, config=None, chain_lens=None,
 ):  # fmt: skip
     """Launches the tile kernel: with ``split``, the narrow class, the wide class when ``q_max * G``
     allows wide rows, and the combine pass; otherwise one unsplit packed prefill launch. Inputs
-    validated. ``config`` overrides the geometry (``splits.geometry``)."""
+    validated. ``config`` overrides the geometry (``splits.geometry``). ``chain_lens`` (mask mode
+    2): each row's causal chain before its tree's bit rows."""
     bsz = cache_lens.shape[0]
     hq, d = q.shape[-2], q.shape[-1]
     hkv, cap = k_cache.shape[2], k_cache.shape[1]
@@ -408,6 +423,7 @@ def launch_gqa_tiles(
             cache_lens, q_lens if q_lens is not None else cache_lens,
             q_starts if packed else cache_lens,
             cache_rows if cache_rows is not None else cache_lens, mask_arg,
+            chain_lens if chain_lens is not None else cache_lens,
             sqb, sqt, sqh,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -419,9 +435,10 @@ def launch_gqa_tiles(
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
             HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
             NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, ONE_LOOP=tiles.get("ONE_LOOP", False),
-            TMA=descs is not None,
+            TMA=descs is not None, HAS_CHAIN=chain_lens is not None,
             **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+            **maxnreg_kwargs(tiles.get("MAXNREG")),
         )  # fmt: skip
     if split:
         split_combine_kernel[(max(1, split_queries), bsz, hq)](

@@ -75,13 +75,16 @@ def random_tree_mask(n: int, max_depth: int, seed: int) -> torch.Tensor:
 def _decode_cases(draw, scale: str):
     lim = _limits(scale)
     bsz = draw(st.integers(1, lim["batch"]))
-    mode = draw(st.sampled_from(("causal", "tree", "tree_bits")))
+    mode = draw(st.sampled_from(("causal", "tree", "tree_bits", "chain_bits")))
     q_max = draw(sizes(1, lim["q_max"], (1, 2, 7, 8, 15, 16, 17, 24, 31, 32, 63, 64)))
     cap = draw(sizes(max(q_max, 2), lim["cap"], (129, 256, 257, 1024, 2049, 4096, 6000)))
     q_lens = [draw(st.one_of(st.sampled_from((0, 1, q_max)), st.integers(0, q_max)))
               for _ in range(bsz)]  # fmt: skip
     cache_lens = [_length(draw, cap - n) for n in q_lens]
+    # chain_bits: each row's causal chain before its tree (the whole row, none of it, or any cut)
+    chains = [draw(st.one_of(st.sampled_from((0, n)), st.integers(0, n))) for n in q_lens]
     return {
+        "chains": chains,
         "batch": bsz,
         "q_max": q_max,
         "cap": cap,
@@ -115,6 +118,11 @@ def _decode_examples(scale: str):
             {**base, "batch": 3, "q_max": 80, "cap": 1024, "q_lens": [70, 3, 0],
              "cache_lens": [900, 1000, 11], "mask": "causal", "group": 2, "kv_heads": 1,
              "head_dim": 64},
+            # trees after causal chains: a 64-node tree after 8 chain tokens (72 queries), a
+            # whole-chain row, a tree without a chain
+            {**base, "batch": 3, "q_max": 72, "cap": 200, "q_lens": [72, 30, 9],
+             "chains": [8, 30, 0], "cache_lens": [100, 7, 0], "mask": "chain_bits", "group": 2,
+             "kv_heads": 1, "head_dim": 64},
         ]  # fmt: skip
     return [
         {**base, "batch": 4, "q_max": 1, "cap": 6000, "q_lens": [1, 1, 0, 1],
@@ -130,13 +138,32 @@ def _decode_examples(scale: str):
         # beside tree rows
         {**base, "batch": 4, "q_max": 160, "cap": 6000, "q_lens": [150, 14, 160, 0],
          "cache_lens": [5000, 5900, 2100, 10], "mask": "tree"},
+        # the same with bit rows after each row's chain: a frame row's 150 tokens and its
+        # 33-node tree, a tree row, a frame row without a tree, a 64-node tree after 36 tokens
+        {**base, "batch": 5, "q_max": 183, "cap": 6000, "q_lens": [183, 14, 160, 0, 100],
+         "chains": [150, 0, 160, 0, 36], "cache_lens": [5000, 5900, 2100, 10, 1200],
+         "mask": "chain_bits"},
     ]  # fmt: skip
 
 
 def _invariant_examples(scale: str):
     """The decode examples the query-invariant mode takes: its tree verification holds at most
-    64 nodes (a replay step's frame rows go through causal steps there)."""
-    return [e for e in _decode_examples(scale) if e["mask"] == "causal" or e["q_max"] <= 64]
+    64 nodes (a replay step's frame rows go through causal steps there) and takes no chains."""
+    return [e for e in _decode_examples(scale)
+            if e["mask"] == "causal" or (e["q_max"] <= 64 and e["mask"] != "chain_bits")]  # fmt: skip
+
+
+def _chain_bits(case, g) -> torch.Tensor:
+    """Bit rows of a random tree after each row's chain, noise wherever the rows must not matter
+    (the chain queries' rows, bits past the tree, padded query slots)."""
+    bsz, q_max = case["batch"], case["q_max"]
+    bits = torch.randint(-(2**62), 2**62, (bsz, q_max), generator=g, dtype=torch.int64)
+    for b, (n, c) in enumerate(zip(case["q_lens"], case["chains"], strict=True)):
+        if n > c:
+            tree = random_tree_mask(n - c, case["depth"], case["seed"] + 4 + b)
+            beyond = bits[b, c:n] & ~((1 << (n - c)) - 1) if n - c < 64 else 0
+            bits[b, c:n] = reference.pack_tree_mask(tree) | beyond
+    return bits
 
 
 def _decode_inputs(case, device):
@@ -153,8 +180,11 @@ def _decode_inputs(case, device):
     stale = torch.arange(cap, device=device)[None, :] >= extent[:, None]
     k[stale] = float("nan")
     v[stale] = float("nan")
-    mask = None
-    if case["mask"] != "causal":
+    mask = chain = None
+    if case["mask"] == "chain_bits":
+        mask = _chain_bits(case, torch.Generator().manual_seed(s + 3)).to(device)
+        chain = torch.tensor(case["chains"], dtype=torch.int32, device=device)
+    elif case["mask"] != "causal":
         g = torch.Generator().manual_seed(s + 3)
         noise = torch.rand(bsz, q_max, q_max, generator=g) < 0.5  # where nothing may look
         mask = noise.clone()
@@ -164,17 +194,26 @@ def _decode_inputs(case, device):
         mask = mask.to(device)
         if case["mask"] == "tree_bits":
             mask = reference.pack_tree_mask(mask)
-    return q, k, v, cache_lens.to(device), q_lens.to(device), mask
+    return q, k, v, cache_lens.to(device), q_lens.to(device), mask, chain
+
+
+def _for_mode(case, invariant: bool) -> dict:
+    """The query-invariant mode takes no chains: its cases run the same trees without them."""
+    if invariant and case["mask"] == "chain_bits":
+        return {**case, "mask": "tree_bits"}
+    return case
 
 
 def _check_decode_matches_reference(case, invariant: bool = False) -> None:
     device = test_device()
-    q, k, v, cl, ql, mask = _decode_inputs(case, device)
+    case = _for_mode(case, invariant)
+    q, k, v, cl, ql, mask, chain = _decode_inputs(case, device)
     rows = torch.arange(case["batch"], dtype=torch.int32, device=device)
-    want = reference.gqa_attention(q, k, v, cl, ql, cache_rows=rows, tree_mask=mask)
+    want = reference.gqa_attention(q, k, v, cl, ql, cache_rows=rows, tree_mask=mask,
+                                   chain_lens=chain)  # fmt: skip
     out = poisoned_empty(q.shape, q.dtype, device)
     got = gqa_attention(q, k, v, cl, ql, cache_rows=rows, tree_mask=mask, out=out,
-                        backend="triton", query_invariant=invariant)  # fmt: skip
+                        backend="triton", query_invariant=invariant, chain_lens=chain)  # fmt: skip
     assert got.data_ptr() == out.data_ptr()
     live_v = v[:-1].nan_to_num(0.0)
     assert_faithful(got, want, **_bound(live_v, q.dtype), what="gqa_attention vs reference")
@@ -183,14 +222,15 @@ def _check_decode_matches_reference(case, invariant: bool = False) -> None:
 def _check_decode_batch_invariant(case, invariant: bool = False) -> None:
     """A row's bits do not depend on the other rows, their order, the pool row or q_max."""
     device = test_device()
-    q, k, v, cl, ql, mask = _decode_inputs(case, device)
+    case = _for_mode(case, invariant)
+    q, k, v, cl, ql, mask, chain = _decode_inputs(case, device)
     bsz, q_max = case["batch"], case["q_max"]
     full = gqa_attention(q, k, v, cl, ql, tree_mask=mask, backend="triton",
-                         query_invariant=invariant)  # fmt: skip
+                         query_invariant=invariant, chain_lens=chain)  # fmt: skip
     pick = list(range(bsz))[::-1][: max(1, bsz - 1)]
     idx = torch.tensor(pick, device=device)
-    # bit-row masks (and the invariant mode's trees) hold at most 64 nodes
-    bits64 = mask is not None and (invariant or mask.dtype == torch.int64)
+    # bit-row masks without chains (and the invariant mode's trees) hold at most 64 nodes
+    bits64 = mask is not None and chain is None and (invariant or mask.dtype == torch.int64)
     pad = min(q_max + 5, 64) if bits64 else q_max + 5
     q2 = make_values("normal", (len(pick), pad, *q.shape[2:]), q.dtype, case["seed"] + 9, device)
     q2[:, :q_max] = q[idx]
@@ -206,7 +246,8 @@ def _check_decode_batch_invariant(case, invariant: bool = False) -> None:
     v2 = torch.cat([v[-1:].expand(2, *v.shape[1:]), v[idx]])
     rows2 = torch.arange(2, 2 + len(pick), dtype=torch.int32, device=device)
     part = gqa_attention(q2, k2, v2, cl[idx], ql[idx], cache_rows=rows2, tree_mask=mask2,
-                         backend="triton", query_invariant=invariant)  # fmt: skip
+                         backend="triton", query_invariant=invariant,
+                         chain_lens=None if chain is None else chain[idx])  # fmt: skip
     assert_exact(part[:, :q_max], full[idx], what="rows run inside another batch")
     assert_exact(part[:, q_max:], torch.zeros_like(part[:, q_max:]), what="padded query slots")
 

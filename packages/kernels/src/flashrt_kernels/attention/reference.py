@@ -11,7 +11,8 @@ Shared conventions:
   and values are already in the cache at positions ``cache_lens[b] ..`` (append before attend).
   Its live extent is ``cache_lens[b] + q_lens[b]``: nothing at or past it takes part.
 - New query ``i`` sees every committed token, and new token ``j`` when ``j <= i`` (causal) or when
-  ``tree_mask[b, i, j]`` (tree verification: its ancestors and itself).
+  ``tree_mask[b, i, j]`` (tree verification: its ancestors and itself). Bit rows (int64
+  ``[B, q_max]``) with ``chain_lens``: ``unpack_tree_mask``.
 - Query heads ``h * G .. h * G + G - 1`` share KV head ``h`` (``G = q_heads // kv_heads``).
 - A query slot with no live query (``i >= q_lens[b]``), or a query that sees no key, outputs 0.
 """
@@ -23,11 +24,21 @@ import math
 import torch
 
 
-def unpack_tree_mask(bits: torch.Tensor, q_max: int) -> torch.Tensor:
+def unpack_tree_mask(bits: torch.Tensor, q_max: int,
+                     chain_lens: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """``[B, q_max]`` int64 (bit ``j`` of ``[b, i]`` = node ``i`` sees node ``j``) -> bool
-    ``[B, q_max, q_max]``."""
+    ``[B, q_max, q_max]``. With ``chain_lens`` [B], row b's first ``c = chain_lens[b]`` tokens
+    are a causal chain (query ``i < c`` sees ``j <= i``; its bits are ignored) and bit ``t`` of a
+    later query's row is token ``c + t``: query ``i >= c`` sees the whole chain and the tokens
+    ``c + t`` (``t < 64``) whose bits are set."""
     j = torch.arange(q_max, device=bits.device, dtype=torch.int64)
-    return ((bits[..., None] >> j) & 1) != 0
+    c = torch.zeros(bits.shape[0], 1, 1, dtype=torch.int64, device=bits.device)
+    if chain_lens is not None:
+        c = chain_lens.to(device=bits.device, dtype=torch.int64)[:, None, None]
+    t = j[None, None, :] - c
+    seen = ((bits[..., None] >> t.clamp(0, 63)) & 1) != 0
+    causal = (t < 0) | (j[None, :, None] < c)
+    return torch.where(causal, j[None, None, :] <= j[None, :, None], seen & (t < 64))
 
 
 def pack_tree_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -53,7 +64,7 @@ def _attend(q, k, v, visible, scale):
     return torch.where(denom > 0, o / torch.where(denom > 0, denom, 1.0), 0.0)
 
 
-def _decode_args(q, k_cache, cache_rows, tree_mask, scale):
+def _decode_args(q, k_cache, cache_rows, tree_mask, scale, chain_lens=None):
     """The arguments both decode references read alike: (query heads per KV head, the scale,
     each batch row's pool row (int64), the tree mask as bool ``[B, q_max, q_max]`` or None)."""
     bsz, q_max, hq, d = q.shape
@@ -61,7 +72,7 @@ def _decode_args(q, k_cache, cache_rows, tree_mask, scale):
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows = torch.arange(bsz, device=q.device) if cache_rows is None else cache_rows.long()
     if tree_mask is not None and tree_mask.dtype == torch.int64:
-        tree_mask = unpack_tree_mask(tree_mask, q_max)
+        tree_mask = unpack_tree_mask(tree_mask, q_max, chain_lens)
     return g, scale, rows, tree_mask
 
 
@@ -75,15 +86,17 @@ def gqa_attention(
     cache_rows: torch.Tensor | None = None,
     tree_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    chain_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode / tree-verify attention: q ``[B, q_max, Hq, d]`` -> ``[B, q_max, Hq, d]``.
 
-    ``tree_mask`` is bool ``[B, q_max, q_max]`` or bit-packed int64 ``[B, q_max]``; None = causal.
+    ``tree_mask`` is bool ``[B, q_max, q_max]`` or bit-packed int64 ``[B, q_max]`` (after each
+    row's causal chain of ``chain_lens`` tokens: ``unpack_tree_mask``); None = causal.
     Vectorized with ``torch.where`` so stale (even NaN) slots past the live extent cannot leak.
     """
     bsz, q_max = q.shape[:2]
     cap = k_cache.shape[1]
-    g, scale, rows, tree_mask = _decode_args(q, k_cache, cache_rows, tree_mask, scale)
+    g, scale, rows, tree_mask = _decode_args(q, k_cache, cache_rows, tree_mask, scale, chain_lens)
     dev = q.device
     k = k_cache[rows].float().repeat_interleave(g, dim=2)  # [B, cap, Hq, d]
     v = v_cache[rows].float().repeat_interleave(g, dim=2)
