@@ -258,8 +258,8 @@ class StepGraphs:
     def run(self, host: dict[str, torch.Tensor], extent: int, image: torch.Tensor | None = None):
         """The step's host inputs at bucket shapes (``Engine._inputs``: ids, image_index, pos,
         lengths, vis or tree_bits, q_lens, live, verify, and after / chain / move_src / move_dst
-        where the engine uses them) and its image rows (or None) -> (logits [R_max, V], choices [R_max] or
-        None), static tensors valid until the next call."""
+        where the engine uses them) and its image rows (or None) -> (logits [R_max, V], choices
+        [R_max] or None), static tensors valid until the next call."""
         host = {k: host[k] for k in sorted(host)}
         b, q_b = host["ids"].shape
         if image is not None:
