@@ -34,12 +34,9 @@ def _run(sets, cl, ql, bits, chains, form: str) -> torch.Tensor:
     q, k, v, mask, _ = sets[0]
     out = torch.empty_like(q)
     numel = workspace_numel(cl.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], k.shape[1])
-    masking = {"mask": mask.view(torch.uint8), "mask_mode": 1}
-    if form == "bits":
-        masking = {"mask": bits, "mask_mode": 2, "chain_lens": chains}
     launch_gqa_tiles(q, k, v, out, cl, ql, q_starts=None, cache_rows=None, q_max=q.shape[1],
                      split=True, workspace=torch.empty(numel, device=q.device),
-                     scale=q.shape[3] ** -0.5, **masking)  # fmt: skip
+                     scale=q.shape[3] ** -0.5, **bench.step_masking(form, mask, bits, chains))  # fmt: skip
     return out
 
 

@@ -391,6 +391,14 @@ def _step_sets(scale: float, hq: int = 16, hkv: int = 2):
     return sets, cl, ql, kv_bytes, flops, chain
 
 
+def step_masking(form: str, mask, bits, chains) -> dict:
+    """``launch_gqa_tiles``' mask arguments for a ``_step_sets`` step in one form: "bool" (mask
+    mode 1) or "bits" (bit rows after each row's chain)."""
+    if form == "bits":
+        return {"mask": bits, "mask_mode": 2, "chain_lens": chains}
+    return {"mask": mask.view(torch.uint8), "mask_mode": 1}
+
+
 @register_benchmark("attention_step_sweep", "attention",
                     "tile geometry at a replay step's shapes (frame rows beside tree rows)")  # fmt: skip
 def run_step_sweep(quick: bool = False) -> list[dict]:
@@ -408,12 +416,10 @@ def run_step_sweep(quick: bool = False) -> list[dict]:
             calls = []
             for q, k, v, mask, out in sets:
                 ws = torch.empty(numel, device=DEVICE)
-                masking = {"mask": mask.view(torch.uint8), "mask_mode": 1}
-                if form == "bits":
-                    masking = {"mask": bits, "mask_mode": 2, "chain_lens": chains}
                 calls.append(partial(launch_gqa_tiles, q, k, v, out, cl, ql, q_starts=None,
                                      cache_rows=None, q_max=q_max, split=True, workspace=ws,
-                                     scale=D**-0.5, config=cfg, **masking))  # fmt: skip
+                                     scale=D**-0.5, config=cfg,
+                                     **step_masking(form, mask, bits, chains)))  # fmt: skip
             t = time_graph_us(calls)
             rows.append({**_sweep_row("replay step", f"{hq}/{hkv}", len(STEP_QUERIES),
                                       int(cl.float().mean()), cfg, t, floor_us(nbytes) / t,
