@@ -20,8 +20,6 @@ settings in place, restored afterwards. Variants:
   prefills);
 - ``bool-masks``: steps send a bool ``[B, Q, Q]`` mask (``runtime.uses_bit_rows`` answers False:
   before the chain + tree bit rows);
-- ``invariant-bit-rows``: the query-invariant (lossless) steps send chains and tree bit rows too
-  (``uses_bit_rows`` also for ``gqa_invariant``; not the default until its GPU test has run);
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
@@ -70,11 +68,6 @@ def _pointer_kv():
     return stack
 
 
-def _invariant_bit_rows(options) -> bool:
-    return (options.attention_kernel in ("gqa", "gqa_invariant") and options.packed_prefill
-            and 0 < options.grammar_tree_budget <= 63)  # fmt: skip
-
-
 # name -> (module settings in place for the run, option overrides)
 VARIANTS = {
     "default": (contextlib.nullcontext, {}),
@@ -84,7 +77,6 @@ VARIANTS = {
     "pointer-kv": (_pointer_kv, {}),
     "causal-node-steps": (lambda: _patched(splits.INVARIANT, CAUSAL_TILE_STEPS=False), {}),
     "bool-masks": (lambda: _patched(runtime, uses_bit_rows=lambda options: False), {}),
-    "invariant-bit-rows": (lambda: _patched(runtime, uses_bit_rows=_invariant_bit_rows), {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 

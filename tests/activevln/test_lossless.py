@@ -98,6 +98,17 @@ def test_lossless_preset_and_option_checks():
     assert Ops(prefill_linear="batch_invariant").fused_weights
 
 
+def test_presets_send_chains_and_tree_bit_rows():
+    """Both kernel presets send each row's chain and tree bit rows, not bool [B, Q, Q] masks; the
+    reference attention, the padded forward and tree-less replays keep the bool mask."""
+    from flashrt_activevln.runtime import uses_bit_rows
+
+    assert uses_bit_rows(preset("fast")) and uses_bit_rows(preset("lossless"))
+    assert not uses_bit_rows(preset("fast", grammar_tree_budget=0))
+    assert not uses_bit_rows(preset("fast", grammar_tree_budget=65))
+    assert not uses_bit_rows(preset("reference", grammar_tree_budget=16))
+
+
 def test_lossless_replay_identical_across_tree_and_batch_cpu(monkeypatch):
     """bf16 on the CPU with the kernels' torch references (the interpreter would take many
     minutes): the lossless preset's runtime (a causal launch over prefill chains, trees gathered

@@ -120,12 +120,12 @@ class Stats:
 
 def uses_bit_rows(options: Options) -> bool:
     """Whether steps send their mask as each row's causal chain and its tree's bit rows (the
-    ``gqa`` kernel over the packed forward with trees of 1..64 nodes) instead of a bool
-    ``[B, Q, Q]`` mask: nothing quadratic in the step's queries is built, uploaded, or read per
-    score by the attention tiles. The ``gqa_invariant`` launches take bit rows too
-    (``ops.invariant_steps``, tested on the CPU), but the lossless preset keeps the bool mask
-    until its GPU test of the two forms (tests/activevln/test_lossless.py) has run."""
-    return (options.attention_kernel == "gqa" and options.packed_prefill
+    ``gqa`` and ``gqa_invariant`` kernels over the packed forward with trees of 1..64 nodes)
+    instead of a bool ``[B, Q, Q]`` mask: nothing quadratic in the step's queries is built,
+    uploaded, or read per score by the attention tiles. The query-invariant launches get theirs
+    from ``ops.invariant_steps``; their bits are the bool mask's (tests/activevln/test_lossless.py,
+    run on an H200 2026-12-06)."""
+    return (options.attention_kernel in ("gqa", "gqa_invariant") and options.packed_prefill
             and 0 < options.grammar_tree_budget <= 64)  # fmt: skip
 
 
