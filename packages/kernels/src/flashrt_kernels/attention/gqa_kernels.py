@@ -79,6 +79,14 @@ def _row_chunk(total, q_len, G: tl.constexpr, NARROW: tl.constexpr, MIN_CHUNK: t
 
 
 @triton.jit
+def _scaled_max(s, qk_scale):
+    """``max(s * qk_scale)`` per row as ``max(s) * qk_scale``: with ``qk_scale > 0`` (validated) and
+    round-to-nearest monotonic, the same fp32 value, one multiply a row instead of one a score.
+    The block's ``exp2(s * qk_scale - m)`` is then one fused multiply-add a score, as it was."""
+    return tl.max(s, 1) * qk_scale
+
+
+@triton.jit
 def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, chain, Mask,
                   mask_rows, m_i, l_i, acc, stride_kn, stride_vn, d, d_ok, qk_scale,
                   BLOCK_N: tl.constexpr, MASK_MODE: tl.constexpr, MASKED: tl.constexpr,
@@ -107,8 +115,9 @@ def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, cha
         v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=ld, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
-    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = tl.dot(q, tl.trans(k))
     if MASKED:
+        s = s * qk_scale
         j = pos - cache_len
         visible = row_live[:, None] & kv_ok[None, :]
         if MASK_MODE == 0:
@@ -125,10 +134,15 @@ def _attend_block(q, k_base, v_base, n0, end, cache_len, qi, row_live, bits, cha
             new_ok = tl.where(causal, j[None, :] <= qi[:, None], seen)
             visible = visible & ((j[None, :] < 0) | new_ok)
         s = tl.where(visible, s, float("-inf"))
-    m_blk = tl.max(s, 1)
+        m_blk = tl.max(s, 1)
+    else:
+        m_blk = _scaled_max(s, qk_scale)
     m_new = tl.maximum(m_i, m_blk)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe[:, None])
+    if MASKED:
+        p = tl.exp2(s - m_safe[:, None])
+    else:
+        p = tl.exp2(s * qk_scale - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     p_lo = _round_to(p, v_base.dtype.element_ty, UPCAST)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from flashrt_kernels.attention import reference
 from flashrt_kernels.attention.decode import DTYPES, MAX_HEAD_DIM
-from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to
+from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to, _scaled_max
 from flashrt_kernels.attention.splits import vector_align
 from flashrt_kernels.backends import maxnreg_kwargs, resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_float, check_int, check_no_alias, check_out, check_tensor
@@ -88,11 +88,13 @@ def _segment_block(q_hi, q_lo, acc_hi, acc_lo, m_i, l_i, k_ptr, v_ptr, kv, n, dh
             k_lo = k_lo.to(tl.float32)
             v_lo = v_lo.to(tl.float32)
         s += tl.dot(q_lo, tl.trans(k_lo))
-    s = s * qk_scale
     if MASKED:
-        s = tl.where(kv_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
+        s = tl.where(kv_ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, _scaled_max(s, qk_scale))
+        p = tl.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     p_lo = _round_to(p, v_ptr.dtype.element_ty, UPCAST)
