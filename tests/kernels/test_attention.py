@@ -1,5 +1,9 @@
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
 
 from flashrt_kernels.attention import (
     KVPool,
@@ -50,6 +54,21 @@ def test_reference_tree_with_chain_mask_equals_causal():
     b = reference.gqa_attention(q, k, v, cl, ql, tree_mask=chain)
     assert torch.equal(a, b)
     assert torch.equal(a[1, 3:], torch.zeros_like(a[1, 3:]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    s=hnp.arrays(np.float32, st.integers(1, 64),
+                 elements=st.floats(width=32, allow_nan=False, allow_subnormal=True)),
+    scale=st.floats(min_value=2.0**-126, max_value=2.0**126, width=32),
+)  # fmt: skip
+def test_row_max_of_raw_scores_then_scaled_is_the_max_of_scaled_scores(s, scale):
+    """What the tiles' ``_scaled_max`` relies on: for ``scale > 0`` (both ops validate it), fp32
+    round-to-nearest is monotonic, so ``max(s) * scale`` is ``max(s * scale)``: the same value
+    (+0 and -0 compare equal), overflow and underflow included."""
+    c = np.float32(scale)
+    with np.errstate(over="ignore", under="ignore"):
+        assert np.max(s) * c == np.max(s * c)
 
 
 def test_chain_bit_rows_unpack_to_chain_then_tree():
