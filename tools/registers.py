@@ -62,8 +62,9 @@ def _gqa_step(config, masks=("causal", "bool")):
                          workspace=torch.empty(workspace_numel(bsz, q_max, hq, hkv, d, cap)))  # fmt: skip
 
 
-def _invariant(config):
-    """Query-invariant launches: a 450-token causal chain, then a 24-node tree."""
+def _invariant(config, bits: bool = False):
+    """Query-invariant launches: a 450-token causal chain, then a 24-node tree (a bool mask, or
+    ``bits``: bit rows, the form the lossless preset sends)."""
     from flashrt_kernels.attention import splits
     from flashrt_kernels.attention.decode import gqa_attention
 
@@ -74,8 +75,9 @@ def _invariant(config):
         k = _empty(8, 8300, 2, 128)
         gqa_attention(_empty(2, 450, 16, 128), k[:2], k[:2], lens[:2], lens[:2],
                       query_invariant=True)  # fmt: skip
+        mask = torch.zeros(8, 24, dtype=torch.int64) if bits else torch.zeros(8, 24, 24).bool()
         gqa_attention(_empty(8, 24, 16, 128), k, k, lens, lens, query_invariant=True,
-                      tree_mask=torch.zeros(8, 24, 24, dtype=torch.bool))  # fmt: skip
+                      tree_mask=mask)  # fmt: skip
     finally:
         splits.INVARIANT.clear()
         splits.INVARIANT.update(old)
@@ -93,7 +95,8 @@ CASES = {
     "gqa step (narrow, wide; causal, bool mask)": lambda: _gqa_step(None),
     "gqa step, wide tiles with pointer loads": lambda: _gqa_step({"wide": {"TMA": False}}),
     "gqa step, bit rows after chains": lambda: _gqa_step(None, ("chain",)),
-    "invariant (causal chain, tree)": lambda: _invariant({}),
+    "invariant (causal chain, tree as a bool mask)": lambda: _invariant({}),
+    "invariant (causal chain, tree as bit rows)": lambda: _invariant({}, bits=True),
     "invariant, causal node steps": lambda: _invariant({"CAUSAL_TILE_STEPS": False}),
     "segmented d = 72, 720-patch images": lambda: _segmented(72, 720),
     "segmented d = 80, 64-patch windows": lambda: _segmented(80, 64),
