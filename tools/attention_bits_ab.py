@@ -6,7 +6,7 @@
 For a change meant to keep every output bit (an instruction saved, a register freed): runs the
 same seeded inputs through ``gqa_attention`` (replay-shaped steps with bit rows after chains and
 with bool masks, q = 1 decode at both model shapes, 24- and 64-node trees, a long causal query
-chain, the query-invariant mode) and ``segmented_attention`` (d = 72 / 80 / 128) once from this
+chain, the query-invariant mode), ``packed_prefill_attention`` and ``segmented_attention`` (d = 72 / 80 / 128) once from this
 tree's packages and once from ``DIR/packages/*/src`` (make it with ``mkdir -p build/base && git
 archive main packages | tar -x -C build/base``, and carry it), each in its own process, and prints
 how many output elements differ per case. Needs a CUDA GPU; no uv (the machine's torch / triton).
@@ -26,7 +26,12 @@ def _dump(dst: Path) -> None:
     """The outputs of every case, from the packages on ``sys.path``, into ``dst``."""
     import torch
 
-    from flashrt_kernels.attention import bench, gqa_attention, segmented_attention
+    from flashrt_kernels.attention import (
+        bench,
+        gqa_attention,
+        packed_prefill_attention,
+        segmented_attention,
+    )
     from flashrt_kernels.attention.reference import random_tree_mask
 
     torch.manual_seed(0)
@@ -52,9 +57,17 @@ def _dump(dst: Path) -> None:
             mask = torch.stack([random_tree_mask(n, 8, b) for b in range(bsz)]).to(dev)
         name = f"B={bsz} L={length} q={n} {hq}/{hkv}{' tree' if tree else ''}"
         res[name] = gqa_attention(q, k, v, cl, ql, tree_mask=mask)
-        if n <= 64:
+        if n <= 64 or not tree:
             res[name + ", query-invariant"] = gqa_attention(q, k, v, cl, ql, tree_mask=mask,
                                                             query_invariant=True)  # fmt: skip
+    new, prefix = [392, 120, 40, 352, 600, 88, 200, 1000], [0, 2000, 4000, 300, 0, 1000, 3000, 50]
+    q = torch.randn(sum(new), 16, 128, dtype=dt, device=dev)
+    cap = max(n + c for n, c in zip(new, prefix, strict=True))
+    k = torch.randn(len(new), cap, 2, 128, dtype=dt, device=dev)
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    cl = torch.tensor(prefix, dtype=torch.int32, device=dev)
+    res["packed prefill after prefixes"] = packed_prefill_attention(q, k, torch.randn_like(k), cu,
+                                                                    cl, max(new))  # fmt: skip
     for d, n_seg, seg in ((80, 44, 64), (72, 16, 720), (128, 4, 500)):
         t = n_seg * seg
         q, k, v = (torch.randn(t, 16, d, dtype=dt, device=dev) for _ in range(3))
