@@ -32,7 +32,7 @@ def _dump(dst: Path) -> None:
         packed_prefill_attention,
         segmented_attention,
     )
-    from flashrt_kernels.attention.reference import random_tree_mask
+    from flashrt_kernels.attention.properties import random_tree_mask
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
