@@ -572,7 +572,6 @@ class Engine:
         host = {"ids": ids_t, "image_index": image_index, "pos": pos_t, "lengths": lengths}
         if self.bit_rows:
             host["tree_bits"] = tree_bits.view(np.int64)
-            host["chain"] = np.array([len(c) for c in chains])
         else:
             host["vis"] = vis
         size = b * self.opt.grammar_tree_budget if self.opt.cuda_graphs else None
@@ -596,7 +595,7 @@ class Engine:
                 live = np.concatenate([live, np.full(tokens - live.size, free)])
             host["q_lens"] = lens
             host["live"] = live.astype(np.int64)
-            if self.opt.attention_kernel == "gqa_invariant":  # each row's causal chain
+            if self.bit_rows or self.opt.attention_kernel == "gqa_invariant":  # causal chains
                 host["chain"] = np.array([len(c) if row else 0
                                           for row, c in zip(rows, chains, strict=True)])  # fmt: skip
         return {k: torch.from_numpy(v) for k, v in host.items()}, verified
