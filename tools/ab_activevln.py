@@ -20,7 +20,10 @@ settings in place, restored afterwards. Variants:
   prefills);
 - ``bool-masks``: steps send a bool ``[B, Q, Q]`` mask (``runtime.uses_bit_rows`` answers False:
   before the chain + tree bit rows);
-- ``vision-ahead-N``: the preset with the option ``vision_ahead=N``.
+- ``vision-ahead-N``: the preset with the option ``vision_ahead=N``;
+- ``buckets-64``: the step graphs' token buckets 64 tokens apart at every size
+  (``graphs.COARSER_PAST`` empty: less padding, more graphs); ``buckets-64-128``: 64 apart up to
+  1024 tokens, 128 beyond.
 Rows and replies are printed; everything goes to OUT/preset_ab.json.
 """
 
@@ -29,7 +32,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from flashrt_activevln import bench, runtime
+from flashrt_activevln import bench, graphs, runtime
 from flashrt_kernels.attention import splits
 from flashrt_kernels.gemm import few_rows
 
@@ -77,6 +80,8 @@ VARIANTS = {
     "pointer-kv": (_pointer_kv, {}),
     "causal-node-steps": (lambda: _patched(splits.INVARIANT, CAUSAL_TILE_STEPS=False), {}),
     "bool-masks": (lambda: _patched(runtime, uses_bit_rows=lambda options: False), {}),
+    "buckets-64": (lambda: _patched(graphs, COARSER_PAST=()), {}),
+    "buckets-64-128": (lambda: _patched(graphs, COARSER_PAST=(16,)), {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
 }
 

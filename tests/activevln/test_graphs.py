@@ -7,6 +7,7 @@ tower's embeddings bit for bit."""
 import pytest
 import torch
 
+from flashrt_activevln import graphs as graphs_module
 from flashrt_activevln.graphs import StepGraphs, VisionGraphs, all_buckets, buckets
 from flashrt_activevln.model import Qwen25VL
 from flashrt_activevln.model.ops import Ops
@@ -124,14 +125,19 @@ def test_replayed_vision_tower_is_bit_identical_to_eager(tiny64):
         assert torch.equal(got, model.vision(pixels, grids)), seed
 
 
+@pytest.mark.parametrize("coarser", [(8, 16), (16,), ()])
 @pytest.mark.parametrize("rows,queries", [(1, 40), (3, 70), (8, 200)])
-def test_all_buckets_covers_every_step_shape(rows, queries):
+def test_all_buckets_covers_every_step_shape(rows, queries, coarser, monkeypatch):
     """``all_buckets`` (what ``capture_graphs`` captures) holds the bucket of every step of at
-    most ``queries`` queries per row (this test runs on any machine)."""
+    most ``queries`` queries per row, and a bucket holds its step, for the default token steps
+    and the finer ones the A/B tool tries (this test runs on any machine)."""
+    monkeypatch.setattr(graphs_module, "COARSER_PAST", coarser)
     found = set(all_buckets(rows, queries))
     for q in range(1, queries + 1):
         for t in range(1, rows * q + 1):
-            assert buckets(t, q, rows) in found, (t, q)
+            t_b, q_b = buckets(t, q, rows)
+            assert (t_b, q_b) in found, (t, q)
+            assert t <= t_b <= rows * q_b and q <= q_b, (t, q, t_b, q_b)
 
 
 @pytest.mark.gpu

@@ -36,6 +36,9 @@ from flashrt_activevln.speculation import greedy_choices
 from flashrt_activevln.staging import layout, views
 
 TOKEN_BUCKET = 64
+# The token step doubles past each of these counts of ``TOKEN_BUCKET`` tokens: 64 up to 512
+# tokens, 128 up to 1024, 256 beyond (at most 1/8 padding, and few graphs).
+COARSER_PAST = (8, 16)
 TEXT_PIECES = 4  # graphs per text step: the GPU starts on the first while the host submits the rest
 VISION_PIECES = 4  # graphs per vision tower replay
 
@@ -47,13 +50,13 @@ def next_pow2(x: int) -> int:
 def buckets(tokens: int, queries: int, rows: int) -> tuple[int, int]:
     """(T_b, Q_b): queries to a power of two of at least ``FEW_QUERIES`` (so the few-query
     kernels are chosen exactly as the eager step chooses them), tokens to a multiple of
-    ``TOKEN_BUCKET`` (of twice that past 8 of them, four times past 16: at most 1/8 padding and
-    few graphs), at most ``rows * Q_b``."""
+    ``TOKEN_BUCKET``, doubled past each count of ``COARSER_PAST``), at most ``rows * Q_b``."""
     q_b = max(FEW_QUERIES, next_pow2(queries))
     tokens = max(tokens, 1)
-    step = TOKEN_BUCKET * (
-        1 if tokens <= 8 * TOKEN_BUCKET else 2 if tokens <= 16 * TOKEN_BUCKET else 4
-    )
+    step = TOKEN_BUCKET
+    for past in COARSER_PAST:
+        if tokens > past * TOKEN_BUCKET:
+            step *= 2
     t_b = -(-tokens // step) * step
     return min(t_b, rows * q_b), q_b
 
