@@ -21,6 +21,8 @@ settings in place, restored afterwards. Variants:
 - ``bool-masks``: steps send a bool ``[B, Q, Q]`` mask (``runtime.uses_bit_rows`` answers False:
   before the chain + tree bit rows);
 - ``vision-ahead-N``: the preset with the option ``vision_ahead=N``;
+- ``vision-stream-N``: the preset with ``vision_ahead=N`` on a stream of its own
+  (``vision_stream=True``);
 - ``buckets-64``: the step graphs' token buckets 64 tokens apart at every size
   (``graphs.COARSER_PAST`` empty: less padding, more graphs); ``buckets-64-128``: 64 apart up to
   1024 tokens, 128 beyond.
@@ -83,6 +85,10 @@ VARIANTS = {
     "buckets-64": (lambda: _patched(graphs, COARSER_PAST=()), {}),
     "buckets-64-128": (lambda: _patched(graphs, COARSER_PAST=(16,)), {}),
     **{f"vision-ahead-{n}": (contextlib.nullcontext, {"vision_ahead": n}) for n in (0, 1, 2, 4)},
+    **{
+        f"vision-stream-{n}": (contextlib.nullcontext, {"vision_ahead": n, "vision_stream": True})
+        for n in (2, 4, 8)
+    },  # fmt: skip
 }
 
 

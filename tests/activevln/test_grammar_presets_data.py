@@ -116,6 +116,8 @@ def test_parse_actions():
         ({"temperature": 0.5}, "do_sample"),
         ({"do_sample": True, "top_p": 0.0}, "top_p"),
         ({"dataset": "reverie"}, "dataset"),
+        ({"vision_stream": True}, "vision_ahead"),
+        ({"vision_stream": 1, "vision_ahead": 2}, "vision_stream"),
     ],
 )
 def test_invalid_options_rejected(kw, msg):

@@ -178,6 +178,40 @@ def test_vision_ahead_changes_no_reply(make_engine, tiny64, episodes):
             assert calls < calls0 if depth == 3 else calls <= calls0, (opts, depth, calls, calls0)
             assert not eng._embeds  # every frame embedded ahead was used
             assert sum(stats["ms_per_frame"].values()) > 0
+        # a stream of its own for the vision ahead: nothing to move on the CPU, the same replies
+        streamed, _ = _replay(make_engine, tiny64, episodes, vision_ahead=3, vision_stream=True,
+                              **opts)  # fmt: skip
+        assert streamed == base, opts
+
+
+@pytest.mark.gpu
+def test_vision_stream_changes_no_reply_on_the_gpu(tiny64):
+    """bf16 on the GPU, the fast preset's kernels and graphs: the vision ahead on a stream of its
+    own (the next forward waits for a call only where it takes one of its frames) gives the
+    same replies, bit for bit, as on the step's stream, greedy and sampled; the frames did run
+    there and every one was used."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flashrt_activevln.model import Qwen25VL
+    from flashrt_activevln.runtime import Engine
+
+    cfg, w64, proc = tiny64
+    w = {k: t.to("cuda", torch.bfloat16) for k, t in w64.items()}
+    episodes = synthetic_episodes(5, seed=5, mean_frames=5, min_frames=2)
+    for sampling in ({}, {"do_sample": True, "temperature": 0.8, "top_p": 0.9}):
+        replies = {}
+        for ahead, stream in ((2, False), (2, True), (4, True)):
+            opt = preset("fast", batch_size=3, vision_ahead=ahead, vision_stream=stream,
+                         constrain_to_grammar=True, max_new_tokens=24, **sampling)  # fmt: skip
+            eng = Engine(Qwen25VL(cfg, dict(w), Engine.ops_for(opt)), proc, opt)
+            out = eng.replay(episodes)
+            replies[ahead, stream] = {(r.episode, r.frame): r.tokens for r in out}
+            assert len(out) == sum(len(e.frames) for e in episodes)  # a reply for every frame
+            assert eng.stats.vision_ahead_frames > 0 and not eng._embeds
+            assert (eng._vision_stream is not None) == stream
+        # (ahead 4 embeds frames in other image batches, which cuBLAS may round otherwise: its
+        # replies are only checked for completeness)
+        assert replies[2, True] == replies[2, False], sampling
 
 
 def test_bit_row_masks_are_the_bool_masks(make_engine, tiny64, episodes):

@@ -45,6 +45,9 @@
 |  |  | computed in other image batches: exact where the tower is batch-invariant |
 |  |  | (``prefill_linear="batch_invariant"``), else faithful (cuBLAS sees other |
 |  |  | image counts) |
+| ``vision_stream`` | bool | the vision ahead on a CUDA stream of its own: the next text forward waits |
+|  |  | for it only where it takes one of its frames (needs ``vision_ahead``): |
+|  |  | exact (the same calls over the same frames, only their timing moves) |
 | ``constrain_to_grammar`` | bool | benchmarks with random weights: logits outside the grammar masked |
 | sampling | do_sample, temperature, top_p, repetition_penalty, seed | HF's order |
 """
@@ -75,6 +78,7 @@ class Options:
     grammar_tree_budget: int = 0
     grammar_step_budget: int = 0
     vision_ahead: int = 0
+    vision_stream: bool = False
     batch_size: int = 1
     constrain_to_grammar: bool = False
     dataset: str = "r2r"
@@ -98,7 +102,8 @@ class Options:
             v = getattr(self, name)
             if v not in allowed:
                 raise ValueError(f"option {name}={v!r}: expected one of {list(allowed)}")
-        for name in ("packed_prefill", "cuda_graphs", "rms_norm_kernel", "swiglu_kernel"):
+        for name in ("packed_prefill", "cuda_graphs", "rms_norm_kernel", "swiglu_kernel",
+                     "vision_stream"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"option {name}={getattr(self, name)!r}: expected a bool")
         if self.cuda_graphs and not (self.packed_prefill and self.attention_kernel != "reference"):
@@ -134,6 +139,11 @@ class Options:
         if not isinstance(self.vision_ahead, int) or not 0 <= self.vision_ahead <= 8:
             raise ValueError(
                 f"option vision_ahead={self.vision_ahead!r}: expected an int in [0, 8]"
+            )
+        if self.vision_stream and not self.vision_ahead:
+            raise ValueError(
+                "option vision_stream=True needs vision_ahead >= 1 (it moves the vision ahead "
+                "to a stream of its own)"
             )
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"option batch_size={self.batch_size!r}: expected an int >= 1")

@@ -17,7 +17,10 @@ next (up to N per row, and the waiting episodes' first frames; at most ``batch_s
 which frames share a call fixed by the replay alone) while the host waits for the step's choices
 and accepts them. The embeddings wait in a cache until their frame's turn; a step whose frames
 are all cached runs no vision of its own. The GPU fills the host's gap between two forwards with
-work it needed anyway (waiting for larger vision calls instead lost: docs/activevln.md).
+work it needed anyway (waiting for larger vision calls instead lost: docs/activevln.md). With
+``vision_stream`` the vision ahead runs on a CUDA stream of its own (after the work queued before
+it): the next forward waits for a call only where it takes one of that call's frames, so a call
+that outlasts the host's gap overlaps the next forward instead of delaying it.
 """
 
 from __future__ import annotations
@@ -148,8 +151,10 @@ class Engine:
         self.vision_graphs = VisionGraphs(model, processor)
         self.frames: FrameFeed | None = None  # the running replay's frame loader
         self._queue: deque = deque()  # the running replay's waiting episodes
-        # (episode index, frame) -> (merged image embeddings, frame height, width): vision ahead
-        self._embeds: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
+        # (episode index, frame) -> (merged image embeddings, frame height, width, the event of
+        # the call that made them on the vision stream or None): vision ahead
+        self._embeds: dict[tuple[int, int], tuple[torch.Tensor, int, int, object]] = {}
+        self._vision_stream = None  # ``vision_stream``: the vision ahead's CUDA stream
         self._unbooked: tuple | None = None  # the last step's clock, read after the next read
 
     @staticmethod
@@ -276,6 +281,7 @@ class Engine:
                 fill()
         self.frames = None
         self._embeds.clear()
+        self._join_vision_stream()
         self._book()
         self._flush_moves()
         return out
@@ -327,11 +333,35 @@ class Engine:
             i = j
         return pix, grids
 
+    def _join_vision_stream(self) -> None:
+        """The current stream waits for the vision stream's work (its calls share the vision
+        graphs' static buffers with the calls on the current stream)."""
+        if self._vision_stream is not None:
+            torch.cuda.current_stream(self.model.device).wait_stream(self._vision_stream)
+
+    def _run_vision_ahead(self, keys: list[tuple[int, int]], frames: list[Loaded]) -> None:
+        """One vision call of the vision ahead: on the current stream, or with ``vision_stream``
+        on the vision stream after the work queued so far (the step's forward and the copy of
+        its choices), its embeddings tagged with the call's completion event."""
+        dev = self.model.device
+        if not (self.opt.vision_stream and dev.type == "cuda"):
+            self._run_vision(keys, frames)
+            return
+        if self._vision_stream is None:
+            self._vision_stream = torch.cuda.Stream(dev)
+        self._vision_stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(self._vision_stream):
+            self._run_vision(keys, frames)
+            done = torch.cuda.Event()
+            done.record()
+        for key in keys:
+            self._embeds[key] = (*self._embeds[key][:3], done)
+
     def _run_vision(self, keys: list[tuple[int, int]], frames: list[Loaded],
                     clock: StageClock | None = None) -> None:  # fmt: skip
-        """The vision tower over ``frames`` (one call) -> each frame's merged embeddings into the
-        cache under its key. ``clock`` is marked where preprocessing ends (before the tower, or
-        before the vision graph that holds the preprocessing)."""
+        """The vision tower over ``frames`` (one call, on the current stream) -> each frame's
+        merged embeddings into the cache under its key. ``clock`` is marked where preprocessing
+        ends (before the tower, or before the vision graph that holds the preprocessing)."""
         dev, vg = self.model.device, self.vision_graphs
         before = (len(vg.graphs), vg.capture_seconds)
         one_size = len({(f.height, f.width) for f in frames}) == 1
@@ -354,7 +384,7 @@ class Engine:
         merge = self.model.cfg.vision.spatial_merge_size**2
         sizes = [math.prod(g) // merge for g in grids]
         for key, f, emb in zip(keys, frames, image.split(sizes), strict=True):
-            self._embeds[key] = (emb, f.height, f.width)
+            self._embeds[key] = (emb, f.height, f.width, None)
 
     def _ahead(self, rows: list[_Row | None], consumed: bool) -> bool:
         """Vision ahead (``vision_ahead``): the frames the rows need next that are not yet
@@ -384,12 +414,12 @@ class Engine:
         for key, ep in wanted:
             frame = feed.take(ep, key[1])
             if frames and (frame.height, frame.width) != (frames[0].height, frames[0].width):
-                self._run_vision([key], [frame])  # a frame of another size: a call of its own
+                self._run_vision_ahead([key], [frame])  # a frame of another size: its own call
                 continue
             keys.append(key)
             frames.append(frame)
         if frames:
-            self._run_vision(keys, frames)
+            self._run_vision_ahead(keys, frames)
         self.stats.vision_ahead_frames += len(wanted)
         return bool(wanted)
 
@@ -421,14 +451,19 @@ class Engine:
             if (row.seed, row.frame + 1) not in self._embeds:
                 self.frames.want(row.episode, row.frame + 1)  # loaded while this step runs
         if frames:
+            self._join_vision_stream()
             self._run_vision(keys, frames, clock)
         else:
             clock.mark()
         turns, image = {}, None
         if starting:
             got = [self._embeds.pop((row.seed, row.frame)) for _, row in starting]
-            for (r, row), (_, h, w) in zip(starting, got, strict=True):
+            stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+            for (r, row), (emb, h, w, done) in zip(starting, got, strict=True):
                 turns[r] = self.proc.turn(row.episode.instruction, row.frame == 0, h, w)
+                if done is not None:  # made on the vision stream: wait for that call
+                    stream.wait_event(done)
+                    emb.record_stream(stream)
             image = got[0][0] if len(got) == 1 else torch.cat([g[0] for g in got])
         clock.mark()  # the host builds the text step's inputs while the GPU runs the vision tower
 
