@@ -88,7 +88,7 @@ VARIANTS = {
     **{
         f"vision-stream-{n}": (contextlib.nullcontext, {"vision_ahead": n, "vision_stream": True})
         for n in (2, 4, 8)
-    },  # fmt: skip
+    },
 }
 
 

@@ -50,7 +50,8 @@ def next_pow2(x: int) -> int:
 def buckets(tokens: int, queries: int, rows: int) -> tuple[int, int]:
     """(T_b, Q_b): queries to a power of two of at least ``FEW_QUERIES`` (so the few-query
     kernels are chosen exactly as the eager step chooses them), tokens to a multiple of
-    ``TOKEN_BUCKET``, doubled past each count of ``COARSER_PAST``), at most ``rows * Q_b``."""
+    ``TOKEN_BUCKET`` (the step doubled past each count in ``COARSER_PAST``), at most
+    ``rows * Q_b``."""
     q_b = max(FEW_QUERIES, next_pow2(queries))
     tokens = max(tokens, 1)
     step = TOKEN_BUCKET
