@@ -369,7 +369,7 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
         NEXT_N=next_n, NQ=nq, H=h, D=d, PAGE=page, KEYS=keys, TILES=tiles, STAGES=stages,
         FP4=key_format == "fp4", DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
         EMIT_MAX=em.block_max is not None, EMIT_COUNTS=em.counts is not None,
-        EMIT_LIST=em.list_values is not None, num_warps=warps,
+        EMIT_LIST=em.list_values is not None, num_warps=warps, enable_fp_fusion=True,
         **maxnreg_kwargs(max_regs),
     )  # fmt: skip
 

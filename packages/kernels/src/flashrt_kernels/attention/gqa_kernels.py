@@ -452,7 +452,7 @@ def launch_gqa_tiles(
             TMA=descs is not None, HAS_CHAIN=chain_lens is not None,
             **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
-            **maxnreg_kwargs(tiles.get("MAXNREG")),
+            **maxnreg_kwargs(tiles.get("MAXNREG")), enable_fp_fusion=True,
         )  # fmt: skip
     if split:
         split_combine_kernel[(max(1, split_queries), bsz, hq)](
@@ -461,4 +461,5 @@ def launch_gqa_tiles(
             cap, slots, hq, q_max,
             HEAD_DIM=d, G=group, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(hq),
             UPCAST=upcast, NARROW=NARROW_ROWS, PDL=pdl, **chunks, num_warps=4, launch_pdl=pdl,
+            enable_fp_fusion=True,
         )  # fmt: skip

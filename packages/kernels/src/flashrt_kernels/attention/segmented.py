@@ -191,7 +191,7 @@ def launch_segmented(q, k, v, out, cu_seqlens, max_seqlen, scale, config=None) -
         G=hq // k.shape[1], HEAD_DIM=d, D_HI=d_hi, D_LO=d_lo,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], UPCAST=triton_interpreter_active(),
         ALIGN=align, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **maxnreg_kwargs(register_cap(max_seqlen)),
+        **maxnreg_kwargs(register_cap(max_seqlen)), enable_fp_fusion=True,
     )  # fmt: skip
 
 

@@ -131,7 +131,8 @@ def _read_us(ws, block=4096, warps=4) -> float:
     words = [w.view(torch.int32).reshape(-1) for w in ws]
     grid = (triton.cdiv(words[0].numel(), block),)
     out = torch.empty(grid[0], dtype=torch.int32, device="cuda")
-    return _t([lambda v=v: _read_kernel[grid](v, out, v.numel(), BLOCK=block, num_warps=warps)
+    return _t([lambda v=v: _read_kernel[grid](v, out, v.numel(), BLOCK=block, num_warps=warps,
+                                          enable_fp_fusion=True)
                for v in words])  # fmt: skip
 
 

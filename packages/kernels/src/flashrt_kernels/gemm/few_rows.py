@@ -288,11 +288,10 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
     part = torch.empty(split, m, n_w, dtype=torch.float32, device=x.device) if split > 1 else y
     has_scale = w_scale is not None
     ws = w_scale if has_scale else y
-    kernel_kwargs = {"num_stages": stages, "enable_fp_fusion": False}
     _few_rows_kernel[grid](
         x, w, ws, y, part, m, n_out, k, split, x.stride(0), w.stride(0), y.stride(0),
         HAS_SCALE=has_scale, GATE_UP=gate_up, PARTIAL=split > 1, ROW_TILES=row_tiles,
-        UPCAST=upcast, **cfg, **kernel_kwargs,
+        UPCAST=upcast, **cfg, num_stages=stages, enable_fp_fusion=False,
     )  # fmt: skip
     if split > 1:
         _split_reduce_kernel[(triton.cdiv(m, BLOCK_M), grid[1])](

@@ -140,7 +140,7 @@ def fp8_linear(xq, xs, wq, ws, *, bias=None, residual=None, activation: str = "n
         out, m, n, k, xq.stride(0), wq.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        ACT=ACTIVATIONS.index(activation), **cfg,
+        ACT=ACTIVATIONS.index(activation), **cfg, enable_fp_fusion=True,
     )  # fmt: skip
     return out
 

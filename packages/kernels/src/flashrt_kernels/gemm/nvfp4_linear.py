@@ -157,7 +157,7 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
         _nvfp4_dequant_rows_kernel[grid](a_codes, a_scales, a, m, a_codes.stride(0),
                                          a_scales.stride(0), a.stride(0), BLOCK_R=32,
                                          BLOCK_K=cfg["BLOCK_K"], UPCAST=upcast,
-                                         num_warps=4)  # fmt: skip
+                                         num_warps=4, enable_fp_fusion=True)  # fmt: skip
         a_stride = a.stride(0)
     k_split = triton.cdiv(k // cfg["BLOCK_K"], split) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_split)
@@ -171,13 +171,13 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
         a, a_scales, a_alpha, w_codes, w_scales, w_alpha, out, ws, m, n, k, k_split, a_stride,
         a_scales.stride(0), w_codes.stride(0), w_scales.stride(0), out.stride(0),
         A_CODES=a_codes_in_loop, A_PER_ROW=a_per_row, W_PER_ROW=w_per_row, SPLIT=splits > 1,
-        UPCAST=upcast, **cfg,
+        UPCAST=upcast, **cfg, enable_fp_fusion=True,
     )  # fmt: skip
     if splits > 1:
         grid = (triton.cdiv(n, 128), triton.cdiv(m, 16))
         _split_sum_kernel[grid](ws, a_alpha, w_alpha, out, m, n, splits, out.stride(0),
                                 A_PER_ROW=a_per_row, W_PER_ROW=w_per_row, BLOCK_M=16,
-                                BLOCK_N=128, num_warps=4)  # fmt: skip
+                                BLOCK_N=128, num_warps=4, enable_fp_fusion=True)  # fmt: skip
     return out
 
 

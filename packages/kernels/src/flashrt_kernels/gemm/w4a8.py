@@ -210,7 +210,7 @@ def w4a8_linear(x=None, weight: Int4Weight = None, *, xq=None, xs=None, out=None
     if split > 1:
         _w4a8_reduce_kernel[grid[:2]](
             part, xs, weight.gfactor, out, m, n, split, out.stride(0), BLOCK_N=bn,
-            num_warps=4,
+            num_warps=4, enable_fp_fusion=True,
         )  # fmt: skip
     return out
 

@@ -113,13 +113,14 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
                 n, k, chunk, s_split, cap,
                 ROUND=rnd, HINTED=hinted, HAS_STATE=has_state, KP=kp if hinted else 1,
                 STATE_WORDS=st.STATE_WORDS, NS=ns, BLOCK=block, num_warps=warps, **common,
+                enable_fp_fusion=True,
             )  # fmt: skip
         kn._collect_kernel[(b, s_split)](
             scores, scores.stride(0), ln, ws["th"], ws["tc"], ws["pc"], ws["nseg"], ws["seg"],
             out_values.view(bits), out_indices, scores.view(bits), bm, bm.stride(0),
             n, k, chunk, s_split, cap, segcap,
             NR=rounds, SP=sp, HAS_BMAX=block_maxima is not None, BLOCK=block, num_warps=warps,
-            **common,
+            **common, enable_fp_fusion=True,
         )  # fmt: skip
     kn._finish_kernel[(b,)](
         scores, scores.stride(0), ln, hn, ws["th"], ws["tc"], ws["pc"], ws["nseg"], ws["pfx"],
@@ -127,7 +128,7 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
         n, k, s_split, cap, segcap,
         NR=rounds, HINTED=hinted, HAS_STATE=has_state, SP=sp, LOG_SP=sp.bit_length() - 1,
         KP=kp if hinted else 1, KO=kp, STATE_WORDS=st.STATE_WORDS, NS=ns, BLOCK=block,
-        num_warps=warps, **common,
+        num_warps=warps, **common, enable_fp_fusion=True,
     )  # fmt: skip
 
 
