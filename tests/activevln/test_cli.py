@@ -19,6 +19,10 @@ def test_register_subcommands():
     assert args.preset == "fast" and callable(args.func)
     args = p.parse_args(["activevln", "bench", "--episodes", "2", "--option", "batch_size=2"])
     assert cli._parse_overrides(args.option) == {"batch_size": 2}
+    got = cli._parse_overrides(
+        ["vision_stream=True", "do_sample=false", "dataset=rxr", "top_p=0.9"]
+    )
+    assert got == {"vision_stream": True, "do_sample": False, "dataset": "rxr", "top_p": 0.9}
 
 
 def test_bench_path_random_weights_float32():

@@ -126,12 +126,20 @@ def register(subparsers) -> None:
     bp.set_defaults(func=_bench)
 
 
+PYTHON_WORDS = {"True": True, "False": False, "None": None}
+
+
 def _parse_overrides(items: list[str]) -> dict:
+    """``NAME=VALUE`` items: the value as JSON (``2``, ``0.7``, ``true``), or Python's ``True`` /
+    ``False`` / ``None``, else the string itself."""
     out = {}
     for item in items:
         if "=" not in item:
             raise SystemExit(f"--option {item!r}: expected NAME=VALUE")
         k, v = item.split("=", 1)
+        if v in PYTHON_WORDS:
+            out[k] = PYTHON_WORDS[v]
+            continue
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
