@@ -71,3 +71,51 @@ def test_gpu_preprocess_batch_is_the_frames_one_by_one(procs):
     assert torch.equal(many.view(torch.int32), torch.cat([pv for pv, _ in one]).view(torch.int32))
     with pytest.raises(ValueError, match=r"uint8 \[n, H, W, 3\]"):
         ours.gpu_preprocess_batch(torch.from_numpy(frames[0]))
+
+
+@given(
+    h=st.integers(1, 40),
+    w=st.integers(1, 40),
+    out_h=st.integers(1, 48),
+    out_w=st.integers(1, 48),
+    seed=st.integers(0, 2**16),
+    kind=st.sampled_from(["noise", "binary", "ramp"]),
+)
+@example(h=40, w=40, out_h=40, out_w=40, seed=0, kind="noise")  # no pass: the table alone
+@example(h=40, w=31, out_h=14, out_w=31, seed=1, kind="binary")  # one pass, vertical
+@example(h=12, w=40, out_h=28, out_w=9, seed=2, kind="ramp")  # up one side, down the other
+def test_resize_kernel_is_the_torch_port(h, w, out_h, out_w, seed, kind):
+    """The Triton resize + normalize (here through the interpreter) gives the torch port's bits:
+    shrinking and growing, either pass order, sides that keep their size, strided (HWC) input."""
+    from flashrt_activevln.resize import pillow_bicubic_resize, rescale_normalize
+    from flashrt_activevln.resize_kernel import resize_normalize
+
+    frames = torch.from_numpy(np.stack([_frame(h, w, seed + i, kind) for i in range(2)]))
+    chw = frames.permute(0, 3, 1, 2)
+    want = rescale_normalize(pillow_bicubic_resize(chw, out_h, out_w))
+    got = resize_normalize(chw, out_h, out_w)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_resize_kernel_rejects_bad_frames():
+    from flashrt_activevln.resize_kernel import resize_normalize
+
+    with pytest.raises(ValueError, match=r"uint8 \[N, 3, H, W\]"):
+        resize_normalize(torch.zeros(1, 4, 8, 8, dtype=torch.uint8), 4, 4)
+
+
+@pytest.mark.gpu
+def test_gpu_preprocess_on_the_gpu_is_the_cpu_path(procs):
+    """On a CUDA device the batch goes through the Triton kernel: the CPU path's bits, at the
+    replay's 640x480 and at other sizes."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    ours, _ = procs
+    for h, w, kinds in ((480, 640, ("noise", "binary", "ramp", "noise")), (479, 641, ("ramp",)),
+                        (16, 16, ("noise",)), (720, 200, ("binary", "noise"))):  # fmt: skip
+        frames = [_frame(h, w, s, k) for s, k in enumerate(kinds)]
+        dev, grid = ours.gpu_preprocess_batch(torch.from_numpy(np.stack(frames)).cuda())
+        cpu = torch.cat([ours.preprocess_cpu(f)[0] for f in frames])
+        assert grid == ours.preprocess_cpu(frames[0])[1]
+        assert torch.equal(dev.cpu().view(torch.int32), cpu.view(torch.int32)), (h, w)

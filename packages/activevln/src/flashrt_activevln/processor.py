@@ -5,8 +5,9 @@ Two image paths with the same bytes out:
 - ``preprocess_cpu``: Pillow + numpy, the exact steps of transformers' slow (PIL)
   Qwen2VLImageProcessor (bicubic resize, float64 rescale, float32 normalize, patchify);
 - ``gpu_preprocess`` / ``gpu_preprocess_batch``: the same pipeline as torch integer / float ops
-  on any device (see ``resize.py``), one frame or a batch of frames of one size at a time;
-  bit-identical to the CPU path.
+  on any device (see ``resize.py``; on a CUDA device two Triton launches with the same bits,
+  ``resize_kernel.py``), one frame or a batch of frames of one size at a time; bit-identical to
+  the CPU path.
 Per turn, token ids and relative M-RoPE positions are cached by (first turn?, instruction,
 frame size), so a cached turn costs no tokenization.
 """
@@ -27,6 +28,7 @@ from flashrt_activevln.resize import (
     pillow_bicubic_resize,
     rescale_normalize,
 )
+from flashrt_activevln.resize_kernel import resize_normalize
 
 MIN_PIXELS = 1024
 MAX_PIXELS = 76800
@@ -157,7 +159,10 @@ class ActiveVLNProcessor:
         grid = self.grid(frames.shape[1], frames.shape[2])
         p = self.cfg.vision.patch_size
         chw = frames.permute(0, 3, 1, 2)
-        x = rescale_normalize(pillow_bicubic_resize(chw, grid[1] * p, grid[2] * p))
+        if chw.is_cuda:  # the same bits in two Triton launches (resize_kernel.py)
+            x = resize_normalize(chw, grid[1] * p, grid[2] * p)
+        else:
+            x = rescale_normalize(pillow_bicubic_resize(chw, grid[1] * p, grid[2] * p))
         return patchify(x, self.cfg), grid
 
 
