@@ -109,8 +109,8 @@ def test_resize_kernel_rejects_bad_frames():
 def test_gpu_preprocess_on_the_gpu_is_the_torch_port(procs):
     """On a CUDA device the batch goes through the Triton kernel: the torch port's bits (run on
     the CPU tensors), at the replay's 640x480 and at other sizes. The port is compared with
-    Pillow 13 through transformers above; the GPU machine's own Pillow (12.3 on 2026-12-07)
-    orders some resizes' passes otherwise, so ``preprocess_cpu`` is no reference there."""
+    Pillow 13 through transformers above; ``preprocess_cpu`` runs the installed Pillow, which on
+    the GPU machine is 12.3 (whose bytes the port is not written for)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     ours, _ = procs
