@@ -1,5 +1,5 @@
 """The PTX that decodes FP4 on the GPU (``quant.fp4_tiles.E2M1_BF16_ASM``, for NVFP4 and MXFP4
-tiles), run by a small emulator of the instructions it uses (semantics from the PTX ISA), against the e2m1 table and the
+tiles, and ``E2M1_E4M3_ASM``, MXFP4 rows as e4m3 with their scales folded), run by a small emulator of the instructions it uses (semantics from the PTX ISA), against the e2m1 table and the
 block scales: the interpreter cannot run inline PTX, so this is how CI checks it."""
 
 import random
@@ -8,7 +8,7 @@ import struct
 
 import torch
 
-from flashrt_kernels.quant.fp4_tiles import E2M1_BF16_ASM
+from flashrt_kernels.quant.fp4_tiles import E2M1_BF16_ASM, E2M1_E4M3_ASM
 from flashrt_kernels.quant.reference import e2m1_decode
 
 M32 = 0xFFFFFFFF
@@ -75,6 +75,12 @@ def _run(asm: str, operands: dict[str, int]) -> dict[str, int]:
             regs[d] = _prmt(*srcs)
         elif op == "lop3.b32":
             regs[d] = _lop3(*srcs)
+        elif op == "bfe.s32":  # signed bit-field extract: bits [pos, pos + len), sign-extended
+            pos, n = srcs[1], srcs[2]
+            f = (srcs[0] >> pos) & ((1 << n) - 1)
+            regs[d] = (f - (1 << n) if f >> (n - 1) else f) & M32
+        elif op == "mad.lo.s32":
+            regs[d] = (srcs[0] * srcs[1] + srcs[2]) & M32
         elif op == "mul.rn.bf16x2":
             regs[d] = _mul_bf16x2(*srcs)
         else:
@@ -117,3 +123,27 @@ def test_e2m1_ptx_with_ue8m0_scales():
     for byte in (1, 2, 27, 100, 127, 128, 200, 254):
         assert _bf16(byte << 7) == 2.0 ** (byte - 127)
     _check_decoding([2.0 ** (b - 127) for b in (1, 2, 27, 100, 127, 128, 200, 254)])
+
+
+def _e4m3(code: int) -> float:
+    return float(torch.tensor([code], dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+
+
+def test_e2m1_e4m3_ptx_gives_the_codes_times_two_to_the_t():
+    """Eight codes of a word and t in -5..6 -> the e4m3 codes of code * 2**t, codes 0-3 in $0 and
+    4-7 in $1 (code 2n, 2n + 1: byte n's low and high nibbles), the sign carried (-0 stays -0)."""
+    asm = E2M1_E4M3_ASM.value
+    assert set(re.findall(r"\$\d", asm)) == {f"${i}" for i in range(4)}
+    rng = random.Random(1)
+    words = [rng.getrandbits(32) for _ in range(300)] + [b * 0x01010101 for b in range(256)]
+    for r in words:
+        for t in range(-5, 7):
+            # t rides in the low byte of its register, as the tile's int8 t packed four a register
+            out = _run(asm, {"$2": r, "$3": (t & 0xFF) * 0x01010101})
+            for n in range(8):
+                code = (r >> (4 * n)) & 15
+                reg, at = (out["$0"], n) if n < 4 else (out["$1"], n - 4)
+                got = (reg >> (8 * at)) & 0xFF
+                want = float(e2m1_decode(torch.tensor([code], dtype=torch.uint8))) * 2.0**t
+                assert _e4m3(got) == want, (hex(r), t, n)
+                assert got >> 7 == code >> 3, "the sign bit"
