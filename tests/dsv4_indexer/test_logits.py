@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flashrt_dsv4_indexer import key_cache as kc
@@ -55,9 +55,11 @@ def cases(draw, scale):
                 seed=draw(seeds()))  # fmt: skip
 
 
-def check_logits(case):
+def check_logits(case, edit=None, rtol=None, slack=1e-30):
     dev = test_device()
     cache, bt, lens, qc, wf = build(case, dev)
+    if edit is not None:
+        edit(cache, bt)
     b, nn = case["batch"], case["next_n"]
     width = case["pages"] * case["page"]
     ref, mag = reference.indexer_logits(qc.cpu(), wf.cpu(), cache.codes.cpu(), cache.scales.cpu(),
@@ -76,7 +78,7 @@ def check_logits(case):
     valid = torch.arange(width)[None, :] < lens.cpu().long()[:, None]
     assert torch.equal(torch.isinf(got) & (got < 0), ~valid), "padding must be -inf, valid finite"
     err = (got - ref).abs()[valid]
-    bound = RTOL[case["fmt"]] * mag[valid] + 1e-30
+    bound = (rtol or RTOL[case["fmt"]]) * mag[valid] + slack
     assert (err <= bound).all(), f"worst err/bound {(err / bound).max().item():.3g}"
     # emissions are exact with respect to the logits the kernel wrote
     bm, counts, claims, members = reference.emissions(out.cpu(), lens.cpu(), em.lines.cpu(), 24)
@@ -123,6 +125,50 @@ def test_fp4_keys_of_wider_heads(d):
     the decoded tile, d = 128 (the real models') one scale per residue (``quant.fp4_tiles``)."""
     check_logits(dict(h=16, d=d, page=32, pages=2, batch=2, next_n=1, seq=[40, 64], fmt="fp4",
                       kind="normal", seed=5))  # fmt: skip
+
+
+def _unfoldable(kind):
+    """Edits MXFP4 keys of the first 128 positions of batch row 0 (one tile of 128 keys: the rest
+    keep the folded e4m3 path) so their scales do not fold into e4m3 (``fp4_tiles.fold_factor``):
+    a group 12 binades under the key's largest, an all-zero group, or every scale tiny."""
+
+    def edit(cache, bt):
+        page = cache.codes.shape[1]
+        for pos in range(0, 128, 5):
+            blk, off = int(bt[0, pos // page]), pos % page
+            sc = cache.scales[blk, off]
+            if kind == "spread":
+                sc[1] = int(sc.max()) - 12
+            elif kind == "zero_group":
+                cache.codes[blk, off, 16:32] = 0
+                sc[1] = 27  # the quantizer's byte for an all-zero group (2**-100)
+            else:
+                sc[:] = torch.tensor([3, 5, 6, 4], dtype=torch.uint8)
+
+    return edit
+
+
+@pytest.mark.parametrize("kind", ["spread", "zero_group", "tiny"])
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_fp4_keys_that_do_not_fold_take_the_bf16_tile(kind, next_n):
+    """d = 128 MXFP4 keys decode to e4m3 with their 4 scales folded, unless a key's scales span
+    more than 11 binades or its largest is under 2**-120: then its tile runs in bf16. Both in one
+    launch, each within the bound; on the CPU (fp32 dots of exact values) within 2**-16 and no
+    absolute slack, which a wrong fold (a shift clamped, a factor off) exceeds."""
+    case = dict(h=16, d=128, page=64, pages=4, batch=2, next_n=next_n, seq=[256, 200],
+                fmt="fp4", kind="normal", seed=11)  # fmt: skip
+    cpu = test_device().type == "cpu"
+    check_logits(case, edit=_unfoldable(kind), rtol=2.0**-16 if cpu else None, slack=0.0)
+
+
+@settings(max_examples=6)
+@given(page=st.sampled_from([32, 64, 128]), nn=st.integers(1, 4),
+       kind=st.sampled_from(KEY_KINDS), seed=seeds(), seq=st.integers(1, 384))  # fmt: skip
+def test_fp4_folded_e4m3_tiles(page, nn, kind, seed, seq):
+    """The folded e4m3 path (d = 128) over page sizes, next_n, key kinds and lengths."""
+    seq = max(seq, nn - 1)
+    check_logits(dict(h=16, d=128, page=page, pages=384 // page, batch=2, next_n=nn,
+                      seq=[seq, 384 - seq // 2], fmt="fp4", kind=kind, seed=seed))  # fmt: skip
 
 
 @pytest.mark.gpu

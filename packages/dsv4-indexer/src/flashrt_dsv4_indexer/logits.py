@@ -11,16 +11,20 @@ along the dot's N dimension; the tiles' key loads are software-pipelined (``STAG
 shared memory, two tiles in flight while one is scored).
 
 Arithmetic: fp8 keys: ``tl.dot`` on e4m3 query and key codes (tensor cores), fp32 accumulation,
-ReLU, head weights, a sum over heads in fp32, times the key's scale. MXFP4 keys are dequantized in
-registers to bf16 (exact: 2-bit mantissas times a power of two) by ``quant.fp4_tiles`` (PTX byte
-tables, the tile's K in that module's permuted order) and multiplied with the bf16 image of the e4m3
-queries (exact), loaded in the same K order. Under the CPU interpreter both run as fp32 dots of the
-same decoded values (its low-precision dots are unusable).
+ReLU, head weights, a sum over heads in fp32, times the key's scale. MXFP4 keys of head dim 128
+(the models') are decoded in registers to e4m3 with their four UE8M0 scales folded into the codes'
+exponents up to one power of two a key (``quant.fp4_tiles.mxfp4_e4m3_decode``: exact), and take
+the fp8 keys' e4m3 dot against the query codes (loaded in the tile's K order) and the key's factor
+as its scale; a tile holding a key whose scales do not fold (spanning more than 11 binades, or all
+under 2**-120: ``fp4_tiles.fold_factor``) is decoded to bf16 instead (exact, ``fp4_tiles.
+dequant_tile``) against the bf16 image of the query codes. Other head dims always take the bf16
+tile. Under the CPU interpreter all run as fp32 dots of the same decoded values (its
+low-precision dots are unusable).
 
 Contract (``faithful``): with ``M`` = ``reference.logits_magnitude`` (sum over heads of |w| times
 sum over d of |q k|), ``|I - I_ref| <= RTOL[fmt] * M[t, j]`` where ``I_ref`` is the float64
-reference over the same codes: fp8 ``2**-8`` (Hopper's fp8 MMA accumulates with a reduced
-mantissa), fp4 ``2**-12`` (bf16 MMA accumulates in fp32; plus the fp32 head sum). Positions at or
+reference over the same codes: ``2**-8`` for both formats (Hopper's fp8 MMA accumulates with a
+reduced mantissa; the bf16 tiles' fp32 accumulation is tighter). Positions at or
 past a row's length hold ``-inf`` when ``fill_padding`` (else they are not written). Emissions
 (each a switch, each ``exact`` with respect to the logits written): per-32-position block maxima
 over valid positions (``-inf`` for an empty block); counts of valid logits >= each of three lines
@@ -42,24 +46,20 @@ import triton.language as tl
 from flashrt_dsv4_indexer import reference
 from flashrt_kernels.backends import maxnreg_kwargs, resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_choice, check_int, check_out, check_tensor
-from flashrt_kernels.quant.fp4_tiles import dequant_tile, tile_order
+from flashrt_kernels.quant.fp4_tiles import (
+    dequant_tile,
+    e4m3_value,
+    fold_factor,
+    mxfp4_e4m3_decode,
+    mxfp4_e4m3_load,
+    tile_order,
+    to_e4m3_tile_order,
+)
 
 OP = "paged_indexer_logits"
 IMPLEMENTED = ("triton", "reference")
-RTOL = {"fp8": 2.0**-8, "fp4": 2.0**-12}
+RTOL = {"fp8": 2.0**-8, "fp4": 2.0**-8}
 MAX_NEXT_N = 4
-
-
-@triton.jit
-def _e4m3_to_f32(x):
-    """Exact fp32 value of uint8 e4m3 codes (integer decoding: no hardware fp8 conversion)."""
-    x = x.to(tl.uint32)
-    e = (x >> 3) & 15
-    m = x & 7
-    normal = (((x >> 7) << 31) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    sub = m.to(tl.float32) * 0.001953125
-    sub = tl.where((x >> 7) == 1, -sub, sub)
-    return tl.where(e == 0, sub, normal)
 
 
 @triton.jit
@@ -88,8 +88,8 @@ def _paged_indexer_logits_kernel(
     bt_stride, out_stride, bmax_stride, seg_cap, width, n_tiles,
     NEXT_N: tl.constexpr, NQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, KEYS: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr,
-    FP4: tl.constexpr, DOT_F32: tl.constexpr, FILL_PAD: tl.constexpr, EMIT_MAX: tl.constexpr,
-    EMIT_COUNTS: tl.constexpr, EMIT_LIST: tl.constexpr,
+    FP4: tl.constexpr, FOLD: tl.constexpr, DOT_F32: tl.constexpr, FILL_PAD: tl.constexpr,
+    EMIT_MAX: tl.constexpr, EMIT_COUNTS: tl.constexpr, EMIT_LIST: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     t0 = tl.program_id(1) * TILES
@@ -103,17 +103,20 @@ def _paged_indexer_logits_kernel(
     m = tl.arange(0, NQ * H)
     mq = m // H
     qrow = b * NEXT_N + mq
-    if FP4:  # the K order of the decoded key tiles (fp4_tiles.tile_order)
+    q_at = Q + (qrow * H + m % H)[:, None] * D
+    m_ok = (mq < NEXT_N)[:, None]
+    if FP4 and not FOLD:  # the K order of the bf16 key tiles (fp4_tiles.tile_order)
         d = tile_order(D)
     else:
         d = tl.arange(0, D)
-    qc = tl.load(Q + (qrow * H + m % H)[:, None] * D + d[None, :], mask=(mq < NEXT_N)[:, None],
-                 other=0)  # fmt: skip
+    qc = tl.load(q_at + d[None, :], mask=m_ok, other=0)
+    if FOLD:  # the K order of the e4m3 key tiles, permuted in registers
+        qc = to_e4m3_tile_order(qc)
     w = tl.load(W + qrow * H + m % H, mask=mq < NEXT_N, other=0.0)
     if DOT_F32:
-        qt = tl.trans(_e4m3_to_f32(qc))
-    elif FP4:
-        qt = tl.trans(_e4m3_to_f32(qc).to(tl.bfloat16))
+        qt = tl.trans(e4m3_value(qc))
+    elif FP4 and not FOLD:
+        qt = tl.trans(e4m3_value(qc).to(tl.bfloat16))
     else:
         qt = tl.trans(qc.to(tl.float8e4nv, bitcast=True))
 
@@ -125,7 +128,26 @@ def _paged_indexer_logits_kernel(
     for t in tl.range(t0, t_live, num_stages=STAGES):  # key loads pipelined (cp.async)
         j = t * KEYS + kj
         slot = _load_blocks(BT + b * bt_stride, j, max_len, PAGE) * PAGE + j % PAGE
-        if FP4:  # MXFP4 keys decoded in registers (bf16, or fp32 under the interpreter)
+        if FOLD:  # MXFP4 keys as e4m3, their scales folded (fp32 under the interpreter)
+            kx, ks = mxfp4_e4m3_load(KC, KS, slot, j < max_len, D // 2, D // 32, DOT_F32)
+            kt, ksc, bad = fold_factor(ks, j < max_len)
+            if tl.max(bad.to(tl.int32), 0) > 0:  # keys that do not fold (rare): the tile in bf16
+                qb = e4m3_value(tl.load(q_at + tile_order(D)[None, :], mask=m_ok, other=0))
+                qbt = tl.trans(qb) if DOT_F32 else tl.trans(qb.to(tl.bfloat16))
+                kb = dequant_tile(KC, KS, slot, j < max_len, 0, D // 2, D // 32, D, 32, True,
+                                  DOT_F32)  # fmt: skip
+                if DOT_F32:
+                    s = tl.dot(kb, qbt, input_precision="ieee")
+                else:
+                    s = tl.dot(kb, qbt)
+                ksc = tl.full((KEYS,), 1.0, tl.float32)
+            else:
+                kf = mxfp4_e4m3_decode(kx, kt, DOT_F32)
+                if DOT_F32:
+                    s = tl.dot(kf, qt, input_precision="ieee")
+                else:
+                    s = tl.dot(kf, qt)
+        elif FP4:  # MXFP4 keys decoded in registers (bf16, or fp32 under the interpreter)
             kf = dequant_tile(KC, KS, slot, j < max_len, 0, D // 2, D // 32, D, 32, True,
                               DOT_F32)  # fmt: skip
             if DOT_F32:
@@ -135,14 +157,14 @@ def _paged_indexer_logits_kernel(
         else:
             kc, ksc = _load_fp8_tile(KC, KS, slot, j < max_len, D, DOT_F32)
             if DOT_F32:
-                s = tl.dot(_e4m3_to_f32(kc), qt, input_precision="ieee")
+                s = tl.dot(e4m3_value(kc), qt, input_precision="ieee")
             else:
                 s = tl.dot(kc, qt)
         s = tl.maximum(s, 0.0)  # [KEYS, NQ * H]
         for i in tl.static_range(NEXT_N):
             row = b * NEXT_N + i
             logit = tl.sum(s * tl.where(mq == i, w, 0.0)[None, :], axis=1)
-            if not FP4:
+            if FOLD or not FP4:
                 logit = logit * ksc
             valid = j < tl.load(LENS + row)
             optr = OUT + row * out_stride + j
@@ -225,22 +247,25 @@ class Emissions:
         return self.list_claims > self.seg_cap
 
 
-def launch_config(batch: int, width: int, nq: int, h: int, sms: int,
-                  key_format: str = "fp8") -> tuple[int, int, int, int, int | None]:  # fmt: skip
+def launch_config(batch: int, width: int, nq: int, h: int, sms: int, key_format: str = "fp8",
+                  head_dim: int = 128) -> tuple[int, int, int, int, int | None]:  # fmt: skip
     """(keys per tile, tiles per program, num_warps, pipeline stages, register cap or None) from
     host shape ints only, so graph capture sees fixed choices. A tile is one [KEYS, D] x
     [D, next_n * H] dot (the head sum then runs along the dot's N dimension, inside a warp); a
     program walks up to 16 tiles of one row with their key loads pipelined, keeping at least 4
-    programs per SM where the grid allows. fp4 keys of one token over 64 heads: 2 stages and 128
-    registers a thread, four programs an SM instead of three (the decoding is latency-bound;
-    1.05-1.13x on an H100, docs/dsv4-indexer.md, run 10)."""
+    programs per SM where the grid allows. fp4 keys decoded to bf16 (head dims other than 128)
+    of one token over 64 heads: 2 stages and 128 registers a thread, four programs an SM instead
+    of three (the decoding is latency-bound; 1.05-1.13x on an H100, docs/dsv4-indexer.md, run
+    10). fp4 keys of head dim 128 decode to e4m3 and take the fp8 keys' choices: 3 stages, no
+    cap (221 registers with the bf16 fallback's branch), 1.07-1.20x a 168 cap and 1.02-1.16x 2
+    stages at 128 on an H100 (docs/dsv4-indexer.md, run 11)."""
     keys = 128 if nq * h <= 64 else 64
     n_tiles = triton.cdiv(width, keys)
     tiles = 16
     while tiles > 1 and batch * triton.cdiv(n_tiles, tiles) < 4 * sms:
         tiles //= 2
     warps = 4 if nq * h * keys <= 8192 else 8
-    if key_format == "fp4" and nq * h == 64:
+    if key_format == "fp4" and head_dim != 128 and nq * h == 64:
         return keys, tiles, warps, 2, 128
     return keys, tiles, warps, 3, None
 
@@ -351,7 +376,7 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
     width = n_pages * page
     dev = q_codes.device
     sms = _sm_count(dev.index or 0) if dev.type == "cuda" else 8
-    keys, tiles, warps, stages, max_regs = launch_config(batch, width, nq, h, sms, key_format)
+    keys, tiles, warps, stages, max_regs = launch_config(batch, width, nq, h, sms, key_format, d)
     n_tiles = triton.cdiv(width, keys)
     em = em or Emissions()
     dummy_f, dummy_i = out, lengths
@@ -367,7 +392,8 @@ def paged_indexer_logits_into(q_codes, weights, key_codes, key_scales, key_forma
         block_table.stride(0), out.stride(0),
         em.block_max.stride(0) if em.block_max is not None else 0, em.seg_cap, width, n_tiles,
         NEXT_N=next_n, NQ=nq, H=h, D=d, PAGE=page, KEYS=keys, TILES=tiles, STAGES=stages,
-        FP4=key_format == "fp4", DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
+        FP4=key_format == "fp4", FOLD=key_format == "fp4" and d == 128,
+        DOT_F32=triton_interpreter_active(), FILL_PAD=fill_padding,
         EMIT_MAX=em.block_max is not None, EMIT_COUNTS=em.counts is not None,
         EMIT_LIST=em.list_values is not None, num_warps=warps, enable_fp_fusion=True,
         **maxnreg_kwargs(max_regs),
