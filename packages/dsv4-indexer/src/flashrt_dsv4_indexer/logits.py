@@ -52,8 +52,8 @@ from flashrt_kernels.quant.fp4_tiles import (
     fold_factor,
     mxfp4_e4m3_decode,
     mxfp4_e4m3_load,
-    tile_order,
     to_e4m3_tile_order,
+    to_tile_order,
 )
 
 OP = "paged_indexer_logits"
@@ -105,13 +105,11 @@ def _paged_indexer_logits_kernel(
     qrow = b * NEXT_N + mq
     q_at = Q + (qrow * H + m % H)[:, None] * D
     m_ok = (mq < NEXT_N)[:, None]
-    if FP4 and not FOLD:  # the K order of the bf16 key tiles (fp4_tiles.tile_order)
-        d = tile_order(D)
-    else:
-        d = tl.arange(0, D)
-    qc = tl.load(q_at + d[None, :], mask=m_ok, other=0)
-    if FOLD:  # the K order of the e4m3 key tiles, permuted in registers
+    qc = tl.load(q_at + tl.arange(0, D)[None, :], mask=m_ok, other=0)
+    if FOLD:  # the K order of the decoded key tiles, permuted in registers
         qc = to_e4m3_tile_order(qc)
+    elif FP4:
+        qc = to_tile_order(qc)
     w = tl.load(W + qrow * H + m % H, mask=mq < NEXT_N, other=0.0)
     if DOT_F32:
         qt = tl.trans(e4m3_value(qc))
@@ -132,7 +130,8 @@ def _paged_indexer_logits_kernel(
             kx, ks = mxfp4_e4m3_load(KC, KS, slot, j < max_len, D // 2, D // 32, DOT_F32)
             kt, ksc, bad = fold_factor(ks, j < max_len)
             if tl.max(bad.to(tl.int32), 0) > 0:  # keys that do not fold (rare): the tile in bf16
-                qb = e4m3_value(tl.load(q_at + tile_order(D)[None, :], mask=m_ok, other=0))
+                qb = tl.load(q_at + tl.arange(0, D)[None, :], mask=m_ok, other=0)
+                qb = e4m3_value(to_tile_order(qb))
                 qbt = tl.trans(qb) if DOT_F32 else tl.trans(qb.to(tl.bfloat16))
                 kb = dequant_tile(KC, KS, slot, j < max_len, 0, D // 2, D // 32, D, 32, True,
                                   DOT_F32)  # fmt: skip

@@ -90,6 +90,18 @@ def tile_order(BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def to_tile_order(x):
+    """A [rows, BLOCK_K] tensor in memory order (the other operand's rows, loaded contiguous) in
+    ``tile_order``: memory element 2 (c j + i) + w is at position 8 i + 2 c + w. The same values
+    as gathering the operand with ``tile_order``, from contiguous loads (for the bf16 operand of
+    the indexer's logits no faster or slower on an H100; for the fp8 one the gather was the
+    trap, ``to_e4m3_tile_order``)."""
+    r: tl.constexpr = x.shape[0]
+    k: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(x, (r, 4, k // 8, 2)), (0, 2, 1, 3)), (r, k))
+
+
+@triton.jit
 def _scale_values(sf, UPCAST: tl.constexpr, E8M0: tl.constexpr):
     """Block scales as fp32 halves (UPCAST, for ``_e2m1_scaled``) or as bf16 (for the PTX)."""
     # one return: triton 3.9 type-checks every return of a function, the constexpr-dead ones too
