@@ -83,6 +83,23 @@ def _load_fp8_tile(KC, KS, slot, live, D: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _bf16_tile(KC, KS, slot, live, D: tl.constexpr, DOT_F32: tl.constexpr):
+    """MXFP4 keys in cache slots ``slot`` decoded to bf16 (fp32 under the interpreter), in
+    ``fp4_tiles.tile_order``."""
+    return dequant_tile(KC, KS, slot, live, 0, D // 2, D // 32, D, 32, True, DOT_F32)
+
+
+@triton.jit
+def _dot(a, b, DOT_F32: tl.constexpr):
+    """A tile's tensor-core dot; under the interpreter an fp32 dot of the decoded values."""
+    if DOT_F32:
+        s = tl.dot(a, b, input_precision="ieee")
+    else:
+        s = tl.dot(a, b)
+    return s
+
+
+@triton.jit
 def _paged_indexer_logits_kernel(
     Q, W, KC, KS, BT, LENS, OUT, BMAX, LINES, CNT, LVAL, LIDX, CLAIM,
     bt_stride, out_stride, bmax_stride, seg_cap, width, n_tiles,
@@ -133,32 +150,17 @@ def _paged_indexer_logits_kernel(
                 qb = tl.load(q_at + tl.arange(0, D)[None, :], mask=m_ok, other=0)
                 qb = e4m3_value(to_tile_order(qb))
                 qbt = tl.trans(qb) if DOT_F32 else tl.trans(qb.to(tl.bfloat16))
-                kb = dequant_tile(KC, KS, slot, j < max_len, 0, D // 2, D // 32, D, 32, True,
-                                  DOT_F32)  # fmt: skip
-                if DOT_F32:
-                    s = tl.dot(kb, qbt, input_precision="ieee")
-                else:
-                    s = tl.dot(kb, qbt)
+                s = _dot(_bf16_tile(KC, KS, slot, j < max_len, D, DOT_F32), qbt, DOT_F32)
                 ksc = tl.full((KEYS,), 1.0, tl.float32)
             else:
-                kf = mxfp4_e4m3_decode(kx, kt, DOT_F32)
-                if DOT_F32:
-                    s = tl.dot(kf, qt, input_precision="ieee")
-                else:
-                    s = tl.dot(kf, qt)
+                s = _dot(mxfp4_e4m3_decode(kx, kt, DOT_F32), qt, DOT_F32)
         elif FP4:  # MXFP4 keys decoded in registers (bf16, or fp32 under the interpreter)
-            kf = dequant_tile(KC, KS, slot, j < max_len, 0, D // 2, D // 32, D, 32, True,
-                              DOT_F32)  # fmt: skip
-            if DOT_F32:
-                s = tl.dot(kf, qt, input_precision="ieee")
-            else:
-                s = tl.dot(kf, qt)
+            s = _dot(_bf16_tile(KC, KS, slot, j < max_len, D, DOT_F32), qt, DOT_F32)
         else:
             kc, ksc = _load_fp8_tile(KC, KS, slot, j < max_len, D, DOT_F32)
             if DOT_F32:
-                s = tl.dot(e4m3_value(kc), qt, input_precision="ieee")
-            else:
-                s = tl.dot(kc, qt)
+                kc = e4m3_value(kc)
+            s = _dot(kc, qt, DOT_F32)
         s = tl.maximum(s, 0.0)  # [KEYS, NQ * H]
         for i in tl.static_range(NEXT_N):
             row = b * NEXT_N + i
