@@ -109,8 +109,9 @@ def main() -> None:
                   f"floor {fl:7.1f} us  {fl / t:5.2f}", flush=True)  # fmt: skip
             del kc, ks, out
         for name, kern in launched.items():
-            print(f"{args.label:>10} {fmt:>13} {name}: {kern.n_regs} registers, "
-                  f"{kern.n_spills} spilled, {kern.metadata.shared} shared bytes", flush=True)  # fmt: skip
+            regs = f"{kern.n_regs} registers, {kern.n_spills} spilled"
+            print(f"{args.label:>10} {fmt:>13} {name}: {regs}, {kern.metadata.shared} shared bytes",
+                  flush=True)  # fmt: skip
     dev_name = torch.cuda.get_device_name()
     Path(args.out).write_text(json.dumps(dict(device=dev_name, label=args.label, rows=rows),
                                          indent=1))  # fmt: skip

@@ -1,5 +1,6 @@
 """The PTX that decodes FP4 on the GPU (``quant.fp4_tiles.E2M1_BF16_ASM``, for NVFP4 and MXFP4
-tiles, and ``E2M1_E4M3_ASM``, MXFP4 rows as e4m3 with their scales folded), run by a small emulator of the instructions it uses (semantics from the PTX ISA), against the e2m1 table and the
+tiles, and ``E2M1_E4M3_ASM``, MXFP4 rows as e4m3 with their scales folded), run by a small
+emulator of the instructions it uses (semantics from the PTX ISA), against the e2m1 table and the
 block scales: the interpreter cannot run inline PTX, so this is how CI checks it."""
 
 import random

@@ -94,8 +94,8 @@ def to_tile_order(x):
     """A [rows, BLOCK_K] tensor in memory order (the other operand's rows, loaded contiguous) in
     ``tile_order``: memory element 2 (c j + i) + w is at position 8 i + 2 c + w. The same values
     as gathering the operand with ``tile_order``, from contiguous loads (for the bf16 operand of
-    the indexer's logits no faster or slower on an H100; for the fp8 one the gather was the
-    trap, ``to_e4m3_tile_order``)."""
+    the indexer's logits no faster or slower on an H100; for its fp8 operand the gather was 2-4x
+    slower, ``to_e4m3_tile_order``)."""
     r: tl.constexpr = x.shape[0]
     k: tl.constexpr = x.shape[1]
     return tl.reshape(tl.permute(tl.reshape(x, (r, 4, k // 8, 2)), (0, 2, 1, 3)), (r, k))
@@ -178,8 +178,8 @@ def dequant_tile(C, SF, rows, row_ok, k0, stride_c, stride_sf, BLOCK_K: tl.const
 # 1: O1), and tile byte p = 4W + i is byte i of tile word W = c + 4h + 8a: a lane's four words. Tile
 # word W is memory word F(W) = 4c + 2a + h of the row: a lane reads one scale group, 16 contiguous
 # bytes, and one t_g. ``E2M1_E4M3_ASM`` turns a word (8 codes) into two operand registers: codes
-# 0-3 (O0's four bytes at the word) and codes 4-7 (O1's), so the decoded value at K = w * 64 + 4W + i
-# is memory code 8 F(W) + 4w + i: the e4m3 tile order (``to_e4m3_tile_order``).
+# 0-3 (O0's four bytes at the word) and codes 4-7 (O1's), so the decoded value at
+# K = w * 64 + 4W + i is memory code 8 F(W) + 4w + i: the e4m3 tile order (``to_e4m3_tile_order``).
 # ---------------------------------------------------------------------------------------------
 
 # Four bytes (eight codes) and t -> eight e4m3 codes of code * 2**t, in PTX: two 4-entry byte
@@ -219,9 +219,10 @@ def _word_of(tile_word):
 @triton.jit
 def to_e4m3_tile_order(x):
     """A [rows, 128] tensor in memory order (say, the other operand's rows, loaded contiguous) in
-    the e4m3 tile order of ``mxfp4_e4m3_decode``: memory element 32c + 16a + 8h + 4w + i is at K = 64w + 32a + 16h + 4c + i.
-    (Gathering the other operand in that order instead is as exact, but its byte loads made the
-    fp8 dot's shared operand several times slower on an H100.)"""
+    the e4m3 tile order of ``mxfp4_e4m3_decode``: memory element 32c + 16a + 8h + 4w + i is at
+    K = 64w + 32a + 16h + 4c + i. (Gathering the other operand in that order instead gives the
+    same values, but the indexer's logits kernel then ran 2-4x slower on an H100, every tile, the
+    cause not isolated.)"""
     r: tl.constexpr = x.shape[0]
     x = tl.reshape(x, (r, 4, 2, 2, 2, 4))  # c, a, h, w, i
     return tl.reshape(tl.permute(x, (0, 4, 2, 3, 1, 5)), (r, 128))  # w, a, h, c, i
@@ -275,8 +276,9 @@ def mxfp4_e4m3_load(C, SF, rows, row_ok, stride_c, stride_sf, EMULATE: tl.conste
 
 @triton.jit
 def mxfp4_e4m3_decode(x, t, EMULATE: tl.constexpr):
-    """[rows, 128] e4m3 tile in the e4m3 tile order (``to_e4m3_tile_order``) of ``mxfp4_e4m3_load``'s bytes ``x`` with
-    ``fold_factor``'s exponent shifts ``t`` (rows that do not fold come out wrong); under
+    """[rows, 128] e4m3 tile, in the e4m3 tile order (``to_e4m3_tile_order``), of the bytes ``x``
+    of ``mxfp4_e4m3_load`` with ``fold_factor``'s exponent shifts ``t`` (rows that do not fold come
+    out wrong); under
     ``EMULATE`` (the interpreter, no PTX) the same codes by integer arithmetic, as exact fp32."""
     r: tl.constexpr = x.shape[0]
     # t of tile byte p = 4W + i: its word's group c = W % 4, [rows, (a h), c, i]
@@ -286,8 +288,10 @@ def mxfp4_e4m3_decode(x, t, EMULATE: tl.constexpr):
         o0 = _e4m3_codes(((x & 255) >> shift) & 15, tb)
         o1 = _e4m3_codes((x >> (8 + shift)) & 15, tb)
     else:
-        o0, o1 = tl.inline_asm_elementwise(E2M1_E4M3_ASM, "=r,=r,r,r", [x, tb.to(tl.int8)],
-                                           dtype=(tl.int8, tl.int8), is_pure=True, pack=4)  # fmt: skip
+        o0, o1 = tl.inline_asm_elementwise(
+            E2M1_E4M3_ASM, "=r,=r,r,r", [x, tb.to(tl.int8)], dtype=(tl.int8, tl.int8),
+            is_pure=True, pack=4,
+        )  # fmt: skip
     tile = tl.reshape(tl.permute(tl.join(o0, o1), (0, 2, 1)), (r, 128))
     if EMULATE:
         tile = e4m3_value(tile)
