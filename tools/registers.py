@@ -62,6 +62,20 @@ def _gqa_step(config, masks=("causal", "bool")):
                          workspace=torch.empty(workspace_numel(bsz, q_max, hq, hkv, d, cap)))  # fmt: skip
 
 
+def _gqa_decode(hq, hkv):
+    """A decode step (B = 8, q = 1, d = 128) at ``hq`` / ``hkv`` heads: the narrow tiles and the
+    split combine of the model's ``TARGET`` (64 slots at 32/8)."""
+    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+    from flashrt_kernels.attention.splits import workspace_numel
+
+    bsz, d, cap = 8, 128, 32800
+    lens = torch.zeros(bsz, dtype=torch.int32)
+    k = _empty(bsz, cap, hkv, d)
+    launch_gqa_tiles(_empty(bsz, 1, hq, d), k, k, _empty(bsz, 1, hq, d), lens, lens,
+                     q_starts=None, cache_rows=None, mask=None, mask_mode=0, q_max=1, split=True,
+                     scale=0.1, workspace=torch.empty(workspace_numel(bsz, 1, hq, hkv, d, cap)))  # fmt: skip
+
+
 def _invariant(config, bits: bool = False):
     """Query-invariant launches: a 450-token causal chain, then a 24-node tree (a bool mask, or
     ``bits``: bit rows, the form the lossless preset sends)."""
@@ -95,6 +109,7 @@ CASES = {
     "gqa step (narrow, wide; causal, bool mask)": lambda: _gqa_step(None),
     "gqa step, wide tiles with pointer loads": lambda: _gqa_step({"wide": {"TMA": False}}),
     "gqa step, bit rows after chains": lambda: _gqa_step(None, ("chain",)),
+    "gqa decode, 32/8 heads": lambda: _gqa_decode(32, 8),
     "invariant (causal chain, tree as a bool mask)": lambda: _invariant({}),
     "invariant (causal chain, tree as bit rows)": lambda: _invariant({}, bits=True),
     "invariant, causal node steps": lambda: _invariant({"CAUSAL_TILE_STEPS": False}),

@@ -405,6 +405,36 @@ def test_query_chunk_cap_splits_rows_of_many_queries():
     assert not torch.equal(run([0], cfg=None)[0], full[0])
 
 
+def test_combine_merges_every_split_count():
+    """The split combine reads a power of two of slots from 4 to ``TARGET`` by the row's split
+    count: rows of 3, 7, 13, 26 and 57 splits (one in each of its reduction shapes) are faithful
+    to the reference, and each row's bits are the same alone as inside the batch."""
+    from flashrt_kernels.attention.splits import geometry, split_chunk
+    from flashrt_kernels.testing import assert_exact, assert_faithful
+
+    cfg = {"MIN_CHUNK": 16, "TARGET": 64}
+    hq, hkv, d = 2, 1, 64
+    lens = (40, 100, 200, 400, 900)
+    splits = [-(-(n + 1) // split_chunk(n + 1, 1, 2, geometry(cfg, hkv))) for n in lens]
+    assert splits == [3, 7, 13, 26, 57]
+    cl, ql = _lens(*lens), _lens(*[1] * len(lens))
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(len(lens), 1, hq, d, generator=g).to(BF16)
+    k = torch.randn(len(lens), 904, hkv, d, generator=g).to(BF16)
+    v = torch.randn(len(lens), 904, hkv, d, generator=g).to(BF16)
+    tol = {"rtol": 2.0**-7, "atol": 2.0**-7 * float(v.float().abs().max())}
+    for b, n in enumerate(lens):
+        k[b, n + 1 :] = float("nan")
+        v[b, n + 1 :] = float("nan")
+    mask = torch.ones(len(lens), 1, 1, dtype=torch.bool)
+    full = _tiles_on_rows(q, k, v, cl, ql, mask, list(range(len(lens))), cfg)
+    want = reference.gqa_attention(q, k, v, cl, ql)
+    assert_faithful(full, want, **tol, what="rows of 3..57 splits vs reference")
+    for b in range(len(lens)):
+        assert_exact(_tiles_on_rows(q, k, v, cl, ql, mask, [b], cfg)[0], full[b],
+                     what=f"a row of {splits[b]} splits alone vs in the batch")  # fmt: skip
+
+
 def test_tma_loads_give_the_pointer_loads_bits():
     """Wide tiles load their committed K/V blocks through tensor descriptors (``TMA``, the
     default where the pool is packed): the same bits as pointer loads for every block, with NaN in

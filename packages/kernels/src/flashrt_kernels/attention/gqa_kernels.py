@@ -313,8 +313,9 @@ def split_combine_kernel(
     QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """One (query, head): merges its splits, all ``TARGET`` slots at once (a fixed reduction
-    shape, whatever the split count). Rows of one split were written by the tile kernel. The
+    """One (query, head): merges its splits, read at once in a fixed reduction shape (a power of
+    two from 4 to ``TARGET`` slots, by the row's own split count). Rows of one split were written
+    by the tile kernel. The
     grid covers only the query slots a split row can have (``split_plan``); the head-0 program
     of slot ``i`` writes the zeros of the dead slots ``i, i + grid, ...`` below ``q_max``, every
     head in one store (a padded step's dead slots cost little). PDL: launched as a programmatic
@@ -344,21 +345,50 @@ def split_combine_kernel(
                            WIDE_KEYS_PER_ROW, QUERY_CHUNK_CAP, QUERY_CHUNK_FLOOR, QUERY_SPLITS,
                            DOUBLINGS)  # fmt: skip
         n_splits = (total + chunk - 1) // chunk
+        # the reduction's fixed shape: the row's split count rounded up to a power of two from 4
+        # to TARGET (a function of the row alone), so rows of few splits (trees) do not pay for
+        # TARGET masked slots
+        first = (b.to(tl.int64) * slots + i) * n_q_heads + hh
+        step = q_len * n_q_heads
         if n_splits != 1:
-            s = tl.arange(0, TARGET)
-            s_ok = s < n_splits
-            slot = ((b.to(tl.int64) * slots + i) + s * q_len) * n_q_heads + hh
-            m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
-            m_all = tl.max(m, 0)
-            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            w = tl.exp2(m - m_safe)
-            l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
-            o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
-                        mask=s_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
-            acc = tl.sum(w[:, None] * o, 0)
-            o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
+            if n_splits <= 4:
+                o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM, 4)
+            elif n_splits <= 8:
+                o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM, 8)
+            elif TARGET <= 16:
+                o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM,
+                                  TARGET)  # fmt: skip
+            elif n_splits <= 16:
+                o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM, 16)
+            elif TARGET <= 32:
+                o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM,
+                                  TARGET)  # fmt: skip
+            elif n_splits <= 32:
+                o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM, 32)
+            else:
+                o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM,
+                                  TARGET)  # fmt: skip
             tl.store(o_row + hh * stride_oh + d, _round_to(o, Out.dtype.element_ty, UPCAST),
                      mask=d < HEAD_DIM)  # fmt: skip
+
+
+@triton.jit
+def _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM: tl.constexpr,
+                  SLOTS: tl.constexpr):  # fmt: skip
+    """A (query, head)'s ``n_splits`` partials (at most ``SLOTS``, at ``first + s * step``)
+    merged: read ``SLOTS`` at once, one reduction of that fixed shape."""
+    s = tl.arange(0, SLOTS)
+    s_ok = s < n_splits
+    slot = first + s * step
+    m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
+    m_all = tl.max(m, 0)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.exp2(m - m_safe)
+    l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
+    o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
+                mask=s_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+    acc = tl.sum(w[:, None] * o, 0)
+    return tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
 
 
 def kv_descriptors(k_cache, v_cache, block_n: int):
@@ -455,11 +485,14 @@ def launch_gqa_tiles(
             **maxnreg_kwargs(tiles.get("MAXNREG")), enable_fp_fusion=True,
         )  # fmt: skip
     if split:
+        # one warp a program: its slot reduction stays within the warp (4 warps reduced across
+        # warps through shared memory: tree calls 1.02-1.49x slower on an H100,
+        # docs/kernels/attention.md, "The split combine by split count, one warp a program")
         split_combine_kernel[(max(1, split_queries), bsz, hq)](
             opart, mpart, lpart, out, cache_lens, q_lens,
             out.stride(0), out.stride(1), out.stride(2),
             cap, slots, hq, q_max,
             HEAD_DIM=d, G=group, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(hq),
-            UPCAST=upcast, NARROW=NARROW_ROWS, PDL=pdl, **chunks, num_warps=4, launch_pdl=pdl,
+            UPCAST=upcast, NARROW=NARROW_ROWS, PDL=pdl, **chunks, num_warps=1, launch_pdl=pdl,
             enable_fp_fusion=True,
         )  # fmt: skip
