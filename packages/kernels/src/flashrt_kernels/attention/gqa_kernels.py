@@ -315,10 +315,9 @@ def split_combine_kernel(
 ):  # fmt: skip
     """One (query, head): merges its splits, read at once in a fixed reduction shape (a power of
     two from 4 to ``TARGET`` slots, by the row's own split count). Rows of one split were written
-    by the tile kernel. The
-    grid covers only the query slots a split row can have (``split_plan``); the head-0 program
-    of slot ``i`` writes the zeros of the dead slots ``i, i + grid, ...`` below ``q_max``, every
-    head in one store (a padded step's dead slots cost little). PDL: launched as a programmatic
+    by the tile kernel. The grid covers only the query slots a split row can have
+    (``split_plan``); the head-0 program of slot ``i`` writes the zeros of the dead slots ``i, i +
+    grid, ...`` below ``q_max``, every head in one store (a padded step's dead slots cost little). PDL: launched as a programmatic
     dependent of the tile launch: every program reads the lengths, then waits for the tile grid
     to complete (and its writes to be visible) before it touches the partials or the output."""
     i = tl.program_id(0)
