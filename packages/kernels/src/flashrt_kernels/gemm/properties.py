@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from flashrt_kernels.backends import triton_interpreter_active
 from flashrt_kernels.gemm import reference
 from flashrt_kernels.gemm.few_rows import linear, linear_gate_up_swiglu, linear_qkv
 from flashrt_kernels.gemm.fp8_linear import ACTIVATIONS, fp8_linear
@@ -86,6 +87,21 @@ def _check_linear(case) -> None:
             assert_exact(part, y[lo:hi], what=f"rows {lo}:{hi} launched alone")
 
 
+def _assert_launches_agree(got, want, what: str) -> None:
+    """Two launches of the same rows and columns agree bit for bit. Under Triton's interpreter a
+    tile's dot is a numpy matmul, whose fp32 sums depend on an element's column position in the
+    tile (a column slice of a product differs in its last bits from the product of the slice),
+    so there the fused and the separate launches may round one bf16 ulp apart; the GPU run of
+    this property asserts the bits."""
+    if not triton_interpreter_active():
+        assert_exact(got, want, what=what)
+        return
+    apart = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+    assert not (apart > 1).any(), (
+        f"{what}: {int((apart > 1).sum())} elements more than one bf16 ulp apart (interpreter)"
+    )
+
+
 def _check_fused_qkv_and_gate_up(case) -> None:
     """q|k|v in one launch == three launches; gate|up + SwiGLU epilogue == two launches +
     silu_mul (bit for bit)."""
@@ -98,7 +114,7 @@ def _check_fused_qkv_and_gate_up(case) -> None:
     for got, lo, hi in ((q, 0, a), (k_, a, b), (v, b, n)):
         if hi > lo:
             sep = linear(x, w[lo:hi], ws[lo:hi] if ws is not None else None, backend="triton")
-            assert_exact(got, sep, what=f"fused q|k|v columns {lo}:{hi}")
+            _assert_launches_agree(got, sep, what=f"fused q|k|v columns {lo}:{hi}")
     if n >= 2:
         i = n // 2
         wg = w[: 2 * i]
@@ -108,7 +124,7 @@ def _check_fused_qkv_and_gate_up(case) -> None:
         g = linear(x, wg[:i], gsc[:i] if gsc is not None else None, backend="triton")
         u = linear(x, wg[i:], gsc[i:] if gsc is not None else None, backend="triton")
         sep = silu_mul(torch.cat([g, u], dim=1), backend="triton")
-        assert_exact(fused, sep, what="gate|up SwiGLU epilogue vs separate")
+        _assert_launches_agree(fused, sep, what="gate|up SwiGLU epilogue vs separate")
 
 
 PROPERTIES = {}
