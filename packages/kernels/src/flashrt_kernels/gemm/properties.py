@@ -67,8 +67,24 @@ def _linear_bound(x, w, ws, k):
     return 2.0**-8, k * 2.0**-22 * reference.abs_products(x, w.float(), ws)
 
 
+def _assert_launches_agree(got, want, what: str) -> None:
+    """Two launches of the same rows and columns agree bit for bit. Under Triton's interpreter a
+    tile's dot is a numpy matmul, whose fp32 sums depend on an element's row and column position
+    in the tile (a slice of a product differs in its last bits from the product of the slice),
+    so there two launches may round one bf16 ulp apart; the GPU run of each property asserts
+    the bits."""
+    if not triton_interpreter_active():
+        assert_exact(got, want, what=what)
+        return
+    apart = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+    assert not (apart > 1).any(), (
+        f"{what}: {int((apart > 1).sum())} elements more than one bf16 ulp apart (interpreter)"
+    )
+
+
 def _check_linear(case) -> None:
-    """Faithful to float64, and batch-invariant: rows launched in any group are bit-identical."""
+    """Faithful to float64, and batch-invariant: rows launched in any group are bit-identical (on
+    a GPU; ``_assert_launches_agree``)."""
     device = test_device()
     x, w, ws = _few_rows_inputs(case, device)
     out = poisoned_empty((x.shape[0], w.shape[0]), torch.bfloat16, device)
@@ -84,22 +100,7 @@ def _check_linear(case) -> None:
     for lo, hi in ((m // 2, m), (m - 1, m), (0, max(1, m // 3))):
         if hi > lo:
             part = linear(x[lo:hi].contiguous(), w, ws, backend="triton")
-            assert_exact(part, y[lo:hi], what=f"rows {lo}:{hi} launched alone")
-
-
-def _assert_launches_agree(got, want, what: str) -> None:
-    """Two launches of the same rows and columns agree bit for bit. Under Triton's interpreter a
-    tile's dot is a numpy matmul, whose fp32 sums depend on an element's column position in the
-    tile (a column slice of a product differs in its last bits from the product of the slice),
-    so there the fused and the separate launches may round one bf16 ulp apart; the GPU run of
-    this property asserts the bits."""
-    if not triton_interpreter_active():
-        assert_exact(got, want, what=what)
-        return
-    apart = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
-    assert not (apart > 1).any(), (
-        f"{what}: {int((apart > 1).sum())} elements more than one bf16 ulp apart (interpreter)"
-    )
+            _assert_launches_agree(part, y[lo:hi], what=f"rows {lo}:{hi} launched alone")
 
 
 def _check_fused_qkv_and_gate_up(case) -> None:
