@@ -53,7 +53,7 @@ from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to, kv_descripto
 from flashrt_kernels.attention.splits import invariant_geometry, vector_align
 from flashrt_kernels.backends import triton_interpreter_active
 
-COMBINE_CHUNK = 64
+COMBINE_CHUNK = 16
 # Most nodes in one tile (G < 4 pads a node to 64 / MAX_NODES rows): the blocks reaching the new
 # nodes run one dependent gather + dot per node, so this bounds that serial chain.
 MAX_NODES = 16
@@ -407,5 +407,5 @@ def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows
         out.stride(0), out.stride(1), out.stride(2), smb, smi,
         q_max, max_splits, hq,
         HEAD_DIM=d, BLOCK_D=block_d, SPLIT_KEYS=split_keys, MASK_MODE=mask_mode,
-        CHUNK=COMBINE_CHUNK, UPCAST=upcast, num_warps=4, enable_fp_fusion=False,
+        CHUNK=COMBINE_CHUNK, UPCAST=upcast, num_warps=1, enable_fp_fusion=False,
     )  # fmt: skip
