@@ -364,18 +364,19 @@ def split_combine_kernel(
                                   TARGET)  # fmt: skip
             elif n_splits <= 32:
                 o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM, 32)
-            else:
+            else:  # TARGET slots in 32-slot chunks (one warp holds 32 x 128 partial values)
                 o = _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM,
-                                  TARGET)  # fmt: skip
+                                  TARGET, 32)  # fmt: skip
             tl.store(o_row + hh * stride_oh + d, _round_to(o, Out.dtype.element_ty, UPCAST),
                      mask=d < HEAD_DIM)  # fmt: skip
 
 
 @triton.jit
 def _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM: tl.constexpr,
-                  SLOTS: tl.constexpr):  # fmt: skip
+                  SLOTS: tl.constexpr, CHUNK: tl.constexpr = 0):  # fmt: skip
     """A (query, head)'s ``n_splits`` partials (at most ``SLOTS``, at ``first + s * step``)
-    merged: read ``SLOTS`` at once, one reduction of that fixed shape."""
+    merged in a fixed reduction shape: the max and the sum over ``SLOTS`` at once, the outputs
+    read at once too, or ``CHUNK`` slots at a time in split order where ``CHUNK`` is set."""
     s = tl.arange(0, SLOTS)
     s_ok = s < n_splits
     slot = first + s * step
@@ -384,9 +385,20 @@ def _merge_splits(Opart, Mpart, Lpart, first, step, n_splits, d, HEAD_DIM: tl.co
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     w = tl.exp2(m - m_safe)
     l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
-    o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
-                mask=s_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
-    acc = tl.sum(w[:, None] * o, 0)
+    if CHUNK == 0:
+        o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
+                    mask=s_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+        acc = tl.sum(w[:, None] * o, 0)
+    else:
+        c = tl.arange(0, CHUNK)
+        acc = tl.zeros(d.shape, tl.float32)
+        for j in tl.static_range(0, SLOTS, CHUNK):
+            c_ok = j + c < n_splits
+            c_slot = first + (j + c) * step
+            wc = tl.exp2(tl.load(Mpart + c_slot, mask=c_ok, other=float("-inf")) - m_safe)
+            o = tl.load(Opart + c_slot[:, None] * HEAD_DIM + d[None, :],
+                        mask=c_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+            acc += tl.sum(wc[:, None] * o, 0)
     return tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
 
 
