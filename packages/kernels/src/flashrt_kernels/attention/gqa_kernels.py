@@ -313,8 +313,9 @@ def split_combine_kernel(
     QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """One (query, head): merges its splits, read at once in a fixed reduction shape (a power of
-    two from 4 to ``TARGET`` slots, by the row's own split count). Rows of one split were written
+    """One (query, head): merges its splits in a fixed reduction shape (a power of two from 4 to
+    ``TARGET`` slots, by the row's own split count; read at once up to 32 slots, 32 at a time
+    above that, so one warp holds them without spilling). Rows of one split were written
     by the tile kernel. The grid covers only the query slots a split row can have
     (``split_plan``); the head-0 program of slot ``i`` writes the zeros of the dead slots ``i, i +
     grid, ...`` below ``q_max``, every head in one store (a padded step's dead slots cost little). PDL: launched as a programmatic
