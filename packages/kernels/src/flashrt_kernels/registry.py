@@ -59,6 +59,9 @@ class Benchmark:
     family: str  # "norm", "attention", ...
     run: Callable[..., list[dict[str, Any]]]  # (quick: bool) -> result rows
     description: str = ""
+    # line plots `flashrt bench` draws from the rows: name -> plot.line_plot's x / ys / by and
+    # a row filter `where` (column -> value as text)
+    plots: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 _PROPERTIES: dict[str, Property] = {}
@@ -73,11 +76,12 @@ def register_property(prop: Property) -> Property:
     return prop
 
 
-def register_benchmark(name: str, family: str, description: str = ""):
+def register_benchmark(name: str, family: str, description: str = "",
+                       plots: dict[str, dict[str, Any]] | None = None):  # fmt: skip
     def deco(fn):
         if name in _BENCHMARKS:
             raise ValueError(f"benchmark {name} is registered twice")
-        _BENCHMARKS[name] = Benchmark(name, family, fn, description)
+        _BENCHMARKS[name] = Benchmark(name, family, fn, description, dict(plots or {}))
         return fn
 
     return deco

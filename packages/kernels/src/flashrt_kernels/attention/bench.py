@@ -253,7 +253,13 @@ def _invariant_rows(quick, config=None):
     return rows
 
 
-@register_benchmark("attention", "attention", "GQA decode / tree verify / vision / prefill vs SDPA")
+@register_benchmark(
+    "attention", "attention", "GQA decode / tree verify / vision / prefill vs SDPA",
+    plots={"decode": {"x": "L", "ys": ["ours_us", "sdpa_us", "floor_us"], "by": ["heads", "B"],
+                      "where": {"case": "decode q=1"}},
+           "trees": {"x": "L", "ys": ["ours_us", "sdpa_us", "floor_us"],
+                     "by": ["case", "heads", "B"], "where": {"case": "tree*"}}},
+)  # fmt: skip
 def run(quick: bool = False) -> list[dict]:
     return (_decode_rows(quick) + _tree_rows(quick) + _invariant_rows(quick) + _vision_rows()
             + _prefill_rows())  # fmt: skip

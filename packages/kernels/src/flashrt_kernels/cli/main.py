@@ -52,13 +52,13 @@ def plugins(group: str) -> list[tuple[str, Callable[[], Callable]]]:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[tuple[str, str]]]:
-    from flashrt_kernels.cli import bench, check, demo, info
+    from flashrt_kernels.cli import bench, check, demo, info, plot
 
     parser = argparse.ArgumentParser(
         prog="flashrt", description="flashrt: realtime GPU inference kernels and engines"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (info, check, bench, demo):
+    for module in (info, check, bench, demo, plot):
         module.register(sub)
     plugin_status = []
     for name, load in plugins("flashrt.commands"):

@@ -54,7 +54,11 @@ def _admitted_and_exact(sets, k) -> tuple[float, bool]:
     return float((state[:, st.ROUNDS] <= 1).float().mean()), exact
 
 
-@register_benchmark("topk", "topk", "exact top-K (hint-free, previous-step hint) vs torch.topk")
+@register_benchmark(
+    "topk", "topk", "exact top-K (hint-free, previous-step hint) vs torch.topk",
+    plots={"by_length": {"x": "N", "ys": ["torch_us", "ours_us", "hint_us", "floor_us"],
+                         "by": ["B", "K"]}},
+)  # fmt: skip
 def run(quick: bool = False) -> list[dict]:
     rows = []
     batches, lengths = (BATCHES[:2], LENGTHS[::2]) if quick else (BATCHES, LENGTHS)
