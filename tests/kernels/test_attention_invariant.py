@@ -246,3 +246,44 @@ def test_invariant_bool_and_bit_masks_give_the_same_bits():
     as_bits = gqa_attention(q, k, v, cl, ql, tree_mask=pack_tree_mask(mask), backend="triton",
                             query_invariant=True)  # fmt: skip
     assert_exact(as_bits, as_bool, what="bit-row mask vs bool mask")
+
+
+def test_combine_merges_rows_of_few_and_many_splits():
+    """The combine merges ``COMBINE_CHUNK`` splits at a time: with 64-key splits, q = 1 rows of
+    3, 16 (one full chunk) and 40 splits (three chunks) are faithful to the reference (a tolerance
+    tight enough to catch one lost split), and each row's bits are the same alone as inside the
+    batch (NaN past the extents)."""
+    from flashrt_kernels.attention.invariant_kernels import COMBINE_CHUNK, launch_invariant
+    from flashrt_kernels.attention.splits import invariant_workspace_numel
+    from flashrt_kernels.testing import assert_faithful
+
+    cfg = {"SPLIT_KEYS": 64}
+    hq, hkv, d, cap = 2, 1, 64, 2560
+    lens = (150, 16 * 64 - 1, 40 * 64 - 10)
+    assert [-(-(n + 1) // 64) for n in lens] == [3, COMBINE_CHUNK, 40] and COMBINE_CHUNK == 16
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(len(lens), 1, hq, d, generator=g).to(BF16).to(DEV)
+    k = torch.randn(len(lens), cap, hkv, d, generator=g).to(BF16).to(DEV)
+    v = torch.randn(len(lens), cap, hkv, d, generator=g).to(BF16).to(DEV)
+    for b, n in enumerate(lens):
+        k[b, n + 1 :] = float("nan")
+        v[b, n + 1 :] = float("nan")
+    cl, ql = _lens(*lens), _lens(1, 1, 1)
+
+    def run(rows):
+        idx = torch.tensor(rows, device=DEV)
+        out = torch.full((len(rows), 1, hq, d), float("nan"), dtype=BF16, device=DEV)
+        ws = torch.empty(invariant_workspace_numel(len(rows), 1, hq, d, cap, cfg), device=DEV)
+        launch_invariant(q[idx], k[idx], v[idx], out, cl[idx], ql[idx], cache_rows=None,
+                         mask=None, mask_mode=0, workspace=ws, scale=d**-0.5, config=cfg)  # fmt: skip
+        return out
+
+    full = run([0, 1, 2])
+    want = reference.gqa_attention(q, k, v, cl, ql)
+    tol = {
+        "rtol": 2.0**-7,
+        "atol": 2.0**-8 * float(want.float().abs().max()),
+    }  # (catches a lost split)
+    assert_faithful(full, want, **tol, what="rows of 3, 16 and 40 splits vs reference")
+    for b in range(len(lens)):
+        assert_exact(run([b])[0], full[b], what=f"row {b} alone vs in the batch")
