@@ -99,10 +99,10 @@ def run_benchmarks(names: list[str], out: Path, quick: bool) -> list[tuple[str, 
         write_results(name, rows, out)
         print(markdown_table(rows), flush=True)
         try:  # (a baseline copy of the packages may predate the plots)
-            from flashrt_kernels.cli.bench import write_plots
+            from flashrt_kernels.plot import write_plots
         except ImportError:
-            write_plots = None
-        if write_plots is not None and hasattr(registered[name], "plots"):
+            pass
+        else:
             write_plots(registered[name], rows, out)
         done.append((name, f"{len(rows)} rows", time.time() - t0))
     return done

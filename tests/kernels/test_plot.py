@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from flashrt_kernels.plot import PANEL_H, PANEL_W, line_plot, select
+from flashrt_kernels.plot import PANEL_H, PANEL_W, line_plot, select, write_plots
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -87,7 +87,6 @@ def test_the_command_writes_an_svg_and_rejects_bad_input(tmp_path, capsys):
 
 
 def test_bench_writes_the_registered_plots_and_skips_empty_ones(tmp_path, capsys):
-    from flashrt_kernels.cli.bench import write_plots
     from flashrt_kernels.registry import Benchmark
 
     plots = {"decode": {"x": "L", "ys": ["ours_us"], "by": ["B"], "where": {"heads": "16/2"}},

@@ -4,8 +4,8 @@
 distinct value of the ``by`` columns, one line per ``ys`` column, ``x`` on the horizontal axis
 (log scale by default: the benchmarks sweep lengths and sizes in powers of two). A row missing a
 value, or holding NaN / None / a non-positive value on a log axis, is left out of that line.
-``flashrt plot`` runs it on a results JSON; ``flashrt bench`` writes one for the benchmarks that
-register a ``plot``.
+``flashrt plot`` runs it on a results JSON; ``write_plots`` (``flashrt bench``) writes one for
+each plot a benchmark registers.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from html import escape
+from pathlib import Path
 from typing import Any
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
@@ -143,3 +144,20 @@ def line_plot(rows: Sequence[dict[str, Any]], x: str, ys: Sequence[str], by: Seq
                       log_x, log_y)  # fmt: skip
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def write_plots(bench, rows, out_dir) -> list[Path]:
+    """``<benchmark>-<plot>.svg`` for each of the benchmark's registered plots that has rows."""
+    written = []
+    for name, spec in bench.plots.items():
+        spec = dict(spec)
+        chosen = select(rows, spec.pop("where", {}))
+        try:
+            svg = line_plot(chosen, title=f"{bench.name}: {name}", **spec)
+        except ValueError as err:  # e.g. --quick left out every row of this plot
+            print(f"no plot {name}: {err}")
+            continue
+        path = Path(out_dir) / f"{bench.name}-{name}.svg"
+        path.write_text(svg)
+        written.append(path)
+    return written

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from flashrt_kernels.benchmarking import markdown_table, write_results
+from flashrt_kernels.plot import write_plots
 
 
 def register(sub) -> None:
@@ -41,22 +40,3 @@ def run(args) -> int:
         for path in write_plots(b, rows, args.out):
             print(f"wrote {path}")
     return 0
-
-
-def write_plots(bench, rows, out_dir) -> list[Path]:
-    """``<benchmark>-<plot>.svg`` for each of the benchmark's registered plots that has rows."""
-    from flashrt_kernels.plot import line_plot, select
-
-    written = []
-    for name, spec in bench.plots.items():
-        spec = dict(spec)
-        chosen = select(rows, spec.pop("where", {}))
-        try:
-            svg = line_plot(chosen, title=f"{bench.name}: {name}", **spec)
-        except ValueError as err:  # e.g. --quick left out every row of this plot
-            print(f"no plot {name}: {err}")
-            continue
-        path = Path(out_dir) / f"{bench.name}-{name}.svg"
-        path.write_text(svg)
-        written.append(path)
-    return written
