@@ -249,10 +249,10 @@ def test_invariant_bool_and_bit_masks_give_the_same_bits():
 
 
 def test_combine_merges_rows_of_few_and_many_splits():
-    """The combine merges ``COMBINE_CHUNK`` splits at a time: with 64-key splits, q = 1 rows of
-    3, 16 (one full chunk) and 40 splits (three chunks) are faithful to the reference (a tolerance
-    tight enough to catch one lost split), and each row's bits are the same alone as inside the
-    batch (NaN past the extents)."""
+    """The combine reads a row of at most ``COMBINE_CHUNK`` splits in one wave and a longer row
+    chunk by chunk: with 64-key splits, q = 1 rows of 3, 16 and 40 splits are faithful to the
+    reference (a tolerance tight enough to catch one lost split), and each row's bits are the
+    same alone as inside the batch (NaN past the extents)."""
     from flashrt_kernels.attention.invariant_kernels import COMBINE_CHUNK, launch_invariant
     from flashrt_kernels.attention.splits import invariant_workspace_numel
     from flashrt_kernels.testing import assert_faithful

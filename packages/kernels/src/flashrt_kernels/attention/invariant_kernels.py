@@ -339,28 +339,49 @@ def invariant_combine_kernel(
         d = tl.arange(0, BLOCK_D)
         d_ok = d < HEAD_DIM
         base = (b.to(tl.int64) * q_max + i) * max_splits
-        m_all = tl.full([], float("-inf"), tl.float32)
-        for c in range(0, n_splits, CHUNK):
-            s = c + tl.arange(0, CHUNK)
-            m = tl.load(Mpart + (base + s) * n_q_heads + hh, mask=s < n_splits,
-                        other=float("-inf"))  # fmt: skip
-            m_all = tl.maximum(m_all, tl.max(m, 0))
-        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        l_all = tl.zeros([], tl.float32)
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        for c in range(0, n_splits, CHUNK):
-            s = c + tl.arange(0, CHUNK)
+        if n_splits <= CHUNK:  # one wave: each slot read once (the loop's bits for one chunk)
+            s = tl.arange(0, CHUNK)
             s_ok = s < n_splits
             slot = (base + s) * n_q_heads + hh
             m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
+            m_all = tl.max(m, 0)
+            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
             w = tl.exp2(m - m_safe)
-            l_all += tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
+            l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
             o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
                         mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-            acc += tl.sum(w[:, None] * o, 0)
+            acc = tl.sum(w[:, None] * o, 0)
+        else:
+            m_all, l_all, acc = _merge_chunks(Mpart, Lpart, Opart, base, n_splits, n_q_heads, hh,
+                                              d, d_ok, HEAD_DIM, CHUNK)  # fmt: skip
         o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
         o_ptr = Out + b.to(tl.int64) * stride_ob + i * stride_ot + hh * stride_oh + d
         tl.store(o_ptr, _round_to(o, Out.dtype.element_ty, UPCAST), mask=d_ok)
+
+
+@triton.jit
+def _merge_chunks(Mpart, Lpart, Opart, base, n_splits, n_q_heads, hh, d, d_ok,
+                  HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    """More than ``CHUNK`` splits: the max over every chunk, then the sums chunk by chunk in
+    split order."""
+    m_all = tl.full([], float("-inf"), tl.float32)
+    for c in range(0, n_splits, CHUNK):
+        s = c + tl.arange(0, CHUNK)
+        m = tl.load(Mpart + (base + s) * n_q_heads + hh, mask=s < n_splits, other=float("-inf"))
+        m_all = tl.maximum(m_all, tl.max(m, 0))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_all = tl.zeros([], tl.float32)
+    acc = tl.zeros(d.shape, tl.float32)
+    for c in range(0, n_splits, CHUNK):
+        s = c + tl.arange(0, CHUNK)
+        s_ok = s < n_splits
+        slot = (base + s) * n_q_heads + hh
+        w = tl.exp2(tl.load(Mpart + slot, mask=s_ok, other=float("-inf")) - m_safe)
+        l_all += tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
+        o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        acc += tl.sum(w[:, None] * o, 0)
+    return m_all, l_all, acc
 
 
 def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows, mask, mask_mode,
