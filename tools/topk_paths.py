@@ -8,9 +8,9 @@ as CUDA graphs over rotated input sets, every path ``cuda_select.launch`` can ta
 one-block rows (``N <= SHORT_MAX``), the multi-launch path hint-free and with the previous step's
 selection as the hint (``clusters=False``), and the thread-block clusters
 (``clusters=True``, where ``cluster_plan`` allows: they take no hint), beside ``torch.topk``;
-and checks each path's result bit for bit against the reference. ``auto`` names the path the
-backend picks for a hint-free call. Run it through ``tools/gpu_run.py``'s environment (every ``packages/*/src`` on
-``PYTHONPATH``).
+and checks each path's result bit for bit against the reference. ``auto`` / ``auto hinted`` name
+the paths the backend picks for a hint-free / hinted call. Run it through ``tools/gpu_run.py``'s
+environment (every ``packages/*/src`` on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -78,8 +78,10 @@ def cell(b: int, n: int, k: int) -> dict:
             ov.cpu().view(torch.int32), want[0].view(torch.int32)
         )
         row[f"{name}_exact"] = exact
-    chosen = cuda_select._use_clusters(b, n, dev, None, None, False)
-    row["auto"] = "clusters" if chosen else ("one block" if n <= cuda_select.SHORT_MAX else "multi")
+    for name, hinted in (("auto", False), ("auto hinted", True)):
+        chosen = cuda_select._use_clusters(b, n, dev, None, None, hinted)
+        other = "one block" if n <= cuda_select.SHORT_MAX else "multi" + " hinted" * hinted
+        row[name] = "clusters" if chosen else other
     return row
 
 

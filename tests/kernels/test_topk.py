@@ -247,6 +247,31 @@ def test_cuda_backend_needs_a_cuda_device():
         topk(torch.randn(2, 8), 3, backend="cuda")
 
 
+def test_cuda_path_choice_by_batch_and_hint(monkeypatch):
+    """Which calls ``cuda_select`` sends to the thread-block clusters on a 132-SM part (no GPU
+    needed): long rows at small batch, hint-free always, hinted only from
+    ``HINTED_CLUSTER_MIN_ROWS`` rows; never short rows, an explicit split, or clusters that would
+    take more than half the SMs; ``clusters=True`` / ``False`` force the plan or none."""
+    from flashrt_kernels.topk import cuda_select as cs
+
+    monkeypatch.setattr(cs, "sm_count", lambda index=0: 132)
+    dev = torch.device("cuda")
+    many = cs.HINTED_CLUSTER_MIN_ROWS
+    for n in (131072, 262144):
+        for b in (1, 2, many - 1, many):
+            assert cs._use_clusters(b, n, dev, None, None, False) == cs.cluster_plan(b, n, dev)
+            assert cs._use_clusters(b, n, dev, None, None, False)[0] == 8
+            hinted = cs._use_clusters(b, n, dev, None, None, True)
+            assert (hinted is not None) == (b >= many), (b, n)
+        for hint in (False, True):
+            assert cs._use_clusters(16, n, dev, None, None, hint) is None  # 128 of 132 SMs
+            assert cs._use_clusters(many, n, dev, 64, None, hint) is None  # explicit split
+            assert cs._use_clusters(1, n, dev, None, True, hint) is not None
+            assert cs._use_clusters(many, n, dev, None, False, hint) is None
+    assert cs._use_clusters(many, cs.SHORT_MAX, dev, None, None, False) is None
+    assert cs._use_clusters(many, 1 << 20, dev, None, None, False) is None  # parts too long
+
+
 def _cuda_or_skip():
     from flashrt_kernels.backends import backend_runs_on
 
@@ -378,17 +403,20 @@ def test_cuda_hint_from_a_drifted_step(drift, dtype):
     """The previous step's selection as the hint on rows that moved since (the smallest hinted
     score then admits up to ~40 k keys, past the candidate capacity): every path the counting
     pass can take -- ready at the guess, a recompaction at a sampled threshold, the digit passes
-    -- gives the reference's bits, and the published thresholds' counts are exact."""
+    -- gives the reference's bits, and the published thresholds' counts are exact; so does the
+    automatic choice at 8 rows (the clusters, which ignore the hint)."""
     _cuda_or_skip()
     from flashrt_kernels.topk.properties import check_state
 
-    for b, n, k in ((1, 1 << 17, 1024), (4, 1 << 18, 512), (2, 1 << 20, 2048)):
+    cases = ((1, 1 << 17, 1024, False), (4, 1 << 18, 512, False), (2, 1 << 20, 2048, False),
+             (8, 1 << 17, 1024, None))  # fmt: skip
+    for b, n, k, clusters in cases:
         chain = ScoreChain(b, n, drift=drift, seed=n + k, dtype=dtype)
         prev, x = chain.step()[0], chain.step()[0]
         hint = reference.topk(prev, k)[1]
         want = reference.topk(x, k)
         state = st.new_state(b, "cuda")
-        got = _cuda_launch(x.cuda(), k, hint=hint.cuda(), state=state, clusters=False)
+        got = _cuda_launch(x.cuda(), k, hint=hint.cuda(), state=state, clusters=clusters)
         _assert_bits_equal(got, want)
         check_state(state, x, k, None, want[0])
 

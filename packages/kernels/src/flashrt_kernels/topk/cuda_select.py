@@ -6,8 +6,9 @@ CUDA 13 wheels install), so the backend needs no CuPy.
 
 One call is, by the rows' length ``N``:
 - ``N <= SHORT_MAX``: the finishing kernel alone (one block per row, the row in shared memory);
-- longer rows of a hint-free call at small batch (``_use_clusters``: the clusters' blocks hold
-  the row and take at most half the SMs): ``cluster_kernel`` alone (a thread-block cluster of
+- longer rows at small batch, of a hint-free call or of a hinted one from
+  ``HINTED_CLUSTER_MIN_ROWS`` rows (``_use_clusters``: the clusters' blocks hold the row and
+  take at most half the SMs; they take no hint): ``cluster_kernel`` alone (a thread-block cluster of
   ``C`` blocks per row, each with a part of the row in shared memory, the digit passes'
   histograms summed over the cluster through distributed shared memory);
 - other long rows: ``S`` blocks per row for each pass over the row --
@@ -56,6 +57,9 @@ FINISH_THREADS = 1024
 CLUSTERS = (8, 4, 2)  # blocks per row of the cluster path, largest first (8: the portable limit)
 CLUSTER_CHUNK_MAX = 32768  # elements one block of a cluster holds in shared memory
 CLUSTER_ALIGN = 1024  # a cluster block's part starts on a multiple of this (16-byte copies)
+# a hinted call takes the clusters (ignoring its hint) from this many rows, where the hint-free
+# call would: at B = 8 the clusters beat the hinted multi-launch path (H200, docs/kernels/topk.md)
+HINTED_CLUSTER_MIN_ROWS = 8
 
 
 AUX_WORDS = 8192 + 8192 // 4 + 64 + HIST_BINS + 256  # select_block.cu's AUX_WORDS: a narrowed
@@ -207,14 +211,14 @@ def cluster_plan(b: int, n: int, device: torch.device) -> tuple[int, int] | None
 
 def _use_clusters(b: int, n: int, device, split, clusters: bool | None, hinted: bool):
     """The cluster plan of this call, or None. ``clusters`` True takes the cluster path wherever
-    ``cluster_plan`` allows, False never; None chooses it for hint-free rows longer than
-    ``SHORT_MAX`` without an explicit ``split`` whose clusters take at most half the SMs
-    (measured on an H100, docs/kernels/topk.md: B <= 8 at 8 blocks a row; 16 rows of 8 blocks
-    were slower than the multi-launch path, and so was every cluster against the hinted
-    multi-launch path at B = 1)."""
+    ``cluster_plan`` allows, False never; None chooses it for rows longer than ``SHORT_MAX``
+    without an explicit ``split`` whose clusters take at most half the SMs (measured on an H100,
+    docs/kernels/topk.md: B <= 8 at 8 blocks a row; 16 rows of 8 blocks were slower than the
+    multi-launch path), hint-free calls always and hinted ones from ``HINTED_CLUSTER_MIN_ROWS``
+    rows (the hinted multi-launch path is faster at B = 1, the clusters at B = 8)."""
     if clusters is not None:
         return cluster_plan(b, n, device) if clusters else None
-    if split is not None or n <= SHORT_MAX or hinted:
+    if split is not None or n <= SHORT_MAX or (hinted and b < HINTED_CLUSTER_MIN_ROWS):
         return None
     c = cluster_plan(b, n, device)
     return c if c is not None and b * c[0] <= sm_count(device.index or 0) // 2 else None
