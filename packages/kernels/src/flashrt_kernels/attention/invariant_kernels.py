@@ -49,7 +49,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashrt_kernels.attention.gqa_kernels import LOG2E, _round_to, kv_descriptors
+from flashrt_kernels.attention.gqa_kernels import (
+    LOG2E,
+    _normalized,
+    _round_to,
+    _split_sums,
+    kv_descriptors,
+)
 from flashrt_kernels.attention.splits import invariant_geometry, vector_align
 from flashrt_kernels.backends import triton_interpreter_active
 
@@ -340,21 +346,12 @@ def invariant_combine_kernel(
         d_ok = d < HEAD_DIM
         base = (b.to(tl.int64) * q_max + i) * max_splits
         if n_splits <= CHUNK:  # one wave: each slot read once (the loop's bits for one chunk)
-            s = tl.arange(0, CHUNK)
-            s_ok = s < n_splits
-            slot = (base + s) * n_q_heads + hh
-            m = tl.load(Mpart + slot, mask=s_ok, other=float("-inf"))
-            m_all = tl.max(m, 0)
-            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            w = tl.exp2(m - m_safe)
-            l_all = tl.sum(w * tl.load(Lpart + slot, mask=s_ok, other=0.0), 0)
-            o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
-                        mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-            acc = tl.sum(w[:, None] * o, 0)
+            l_all, acc = _split_sums(Opart, Mpart, Lpart, base * n_q_heads + hh, n_q_heads,
+                                     n_splits, d, HEAD_DIM, CHUNK)  # fmt: skip
         else:
-            m_all, l_all, acc = _merge_chunks(Mpart, Lpart, Opart, base, n_splits, n_q_heads, hh,
-                                              d, d_ok, HEAD_DIM, CHUNK)  # fmt: skip
-        o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
+            l_all, acc = _merge_chunks(Mpart, Lpart, Opart, base, n_splits, n_q_heads, hh, d,
+                                       d_ok, HEAD_DIM, CHUNK)  # fmt: skip
+        o = _normalized(l_all, acc)
         o_ptr = Out + b.to(tl.int64) * stride_ob + i * stride_ot + hh * stride_oh + d
         tl.store(o_ptr, _round_to(o, Out.dtype.element_ty, UPCAST), mask=d_ok)
 
@@ -363,7 +360,7 @@ def invariant_combine_kernel(
 def _merge_chunks(Mpart, Lpart, Opart, base, n_splits, n_q_heads, hh, d, d_ok,
                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
     """More than ``CHUNK`` splits: the max over every chunk, then the sums chunk by chunk in
-    split order."""
+    split order (the summed weights and the weighted sum, as ``_split_sums``)."""
     m_all = tl.full([], float("-inf"), tl.float32)
     for c in range(0, n_splits, CHUNK):
         s = c + tl.arange(0, CHUNK)
@@ -381,7 +378,7 @@ def _merge_chunks(Mpart, Lpart, Opart, base, n_splits, n_q_heads, hh, d, d_ok,
         o = tl.load(Opart + slot[:, None] * HEAD_DIM + d[None, :],
                     mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
         acc += tl.sum(w[:, None] * o, 0)
-    return m_all, l_all, acc
+    return l_all, acc
 
 
 def launch_invariant(q, k_cache, v_cache, out, cache_lens, q_lens, *, cache_rows, mask, mask_mode,
