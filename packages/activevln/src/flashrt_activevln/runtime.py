@@ -413,7 +413,8 @@ class Engine:
         wanted = list(missing.items())[: self.opt.batch_size]
         # ``vision_ahead_batch``: wait for a fuller call unless a row's next frame (or the next
         # waiting episode's first) is missing: a function of the replay's state alone
-        urgent = any((idx, i) in missing for idx, _, i in order[: len(live) + 1])
+        nearest = order[: len(live) + (1 if self._queue else 0)]
+        urgent = any((idx, i) in missing for idx, _, i in nearest)
         if len(wanted) < self.opt.vision_ahead_batch and not urgent:
             return False
         # taken in order, waiting for a load if need be, so that which frames share a call does
