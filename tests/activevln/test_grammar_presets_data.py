@@ -119,8 +119,8 @@ def test_parse_actions():
         ({"vision_stream": True}, "vision_ahead"),
         ({"vision_stream": 1, "vision_ahead": 2}, "vision_stream"),
         (
-            {"vision_ahead_batch": 2, "vision_ahead": 2},
-            r"vision_ahead_batch=2: expected .* \[0, 1\]",
+            {"vision_ahead_batch": 9, "vision_ahead": 2},
+            r"vision_ahead_batch=9: expected .* \[0, 8\]",
         ),
         ({"vision_ahead_batch": 2, "batch_size": 4}, "needs vision_ahead"),
     ],

@@ -49,7 +49,7 @@
 |  |  | for it only where it takes one of its frames (needs ``vision_ahead``): |
 |  |  | exact (the same calls over the same frames, only their timing moves) |
 | ``vision_ahead_batch`` | 0..8 | frames a vision-ahead call waits for, unless a row's next frame is |
-|  |  | missing (0: a call for whatever is missing; at most ``batch_size``; needs |
+|  |  | missing (0: a call for whatever is missing; a call takes at most ``batch_size``; needs |
 |  |  | ``vision_ahead``): fewer, larger tower calls; the same embeddings from |
 |  |  | other image batches, as ``vision_ahead`` |
 | ``constrain_to_grammar`` | bool | benchmarks with random weights: logits outside the grammar masked |
@@ -153,11 +153,8 @@ class Options:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"option batch_size={self.batch_size!r}: expected an int >= 1")
         batch = self.vision_ahead_batch
-        if not isinstance(batch, int) or not 0 <= batch <= min(8, self.batch_size):
-            raise ValueError(
-                f"option vision_ahead_batch={batch!r}: expected an int in "
-                f"[0, {min(8, self.batch_size)}] (a call takes at most batch_size frames)"
-            )
+        if not isinstance(batch, int) or not 0 <= batch <= 8:
+            raise ValueError(f"option vision_ahead_batch={batch!r}: expected an int in [0, 8]")
         if batch and not self.vision_ahead:
             raise ValueError("option vision_ahead_batch needs vision_ahead >= 1")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

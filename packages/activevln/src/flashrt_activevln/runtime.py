@@ -415,7 +415,7 @@ class Engine:
         # waiting episode's first) is missing: a function of the replay's state alone
         nearest = order[: len(live) + (1 if self._queue else 0)]
         urgent = any((idx, i) in missing for idx, _, i in nearest)
-        if len(wanted) < self.opt.vision_ahead_batch and not urgent:
+        if len(wanted) < min(self.opt.vision_ahead_batch, self.opt.batch_size) and not urgent:
             return False
         # taken in order, waiting for a load if need be, so that which frames share a call does
         # not depend on the loaders' timing; one frame size a call
