@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Few-row linears of this tree against another copy of the packages, shape by shape, on the GPU.
+
+    python3 tools/gemm_ab.py --baseline build/base --shapes 11008x2048 12288x4096 [--rows 1 16 64]
+                             [--json OUT.json]
+
+Each tree runs ``gemm.bench._few_rows_shape`` (the ``gemm`` benchmark's protocol: CUDA graphs over
+rotated weight sets, cuBLAS and torch's int4 kernel beside ours) in its own process; the table
+shows every timed column of both with baseline / ours (above 1: this tree is faster). cuBLAS
+and torch int4 are in both runs: their ratio says how much the two processes' clocks differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = ("cublas_us", "bf16_us", "w8a16_int8_us", "w4a8_us", "w4a8_prologue_us", "torch_int4_us")
+
+
+def _measure(shapes, rows) -> list[dict]:
+    import torch
+
+    from flashrt_kernels.gemm.bench import _few_rows_shape
+
+    out = []
+    for k, n in shapes:
+        out += _few_rows_shape(k, n, rows)
+        print(f"  {k} -> {n} done", file=sys.stderr, flush=True)
+        torch.cuda.empty_cache()
+    return out
+
+
+def _run_tree(tree: Path, args) -> list[dict]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(sorted(str(p) for p in (tree / "packages").glob("*/src")))
+    cmd = [sys.executable, __file__, "--child", "--shapes", *args.shapes,
+           "--rows", *map(str, args.rows)]  # fmt: skip
+    print(f"timing {tree} ...", file=sys.stderr, flush=True)
+    res = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, check=True, text=True)
+    return json.loads(res.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--baseline", type=Path, help="a copy of the repository (its packages/*/src)")
+    ap.add_argument("--shapes", nargs="+", required=True, help="KxN, e.g. 11008x2048")
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 16, 64])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
+    if args.child:
+        print(json.dumps(_measure(shapes, tuple(args.rows))))
+        return
+    if args.baseline is None:
+        ap.error("--baseline is required")
+    ours, base = _run_tree(ROOT, args), _run_tree(args.baseline, args)
+    if args.json:
+        args.json.write_text(json.dumps({"ours": ours, "baseline": base}, indent=1))
+    print("| K -> N | M | " + " | ".join(f"{c[:-3]} base / ours (x)" for c in COLUMNS) + " |")
+    print("|---|---|" + "---|" * len(COLUMNS))
+    for o, b in zip(ours, base, strict=True):
+        cells = [f"{b[c]:.1f} / {o[c]:.1f} ({b[c] / o[c]:.2f})" for c in COLUMNS]
+        print(f"| {o['K']} -> {o['N']} | {o['M']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
