@@ -61,6 +61,9 @@ CANDIDATES = {
     "n128_p264_w4": _shape(128, 264, 4, 4),
     "n128_p264_w8": _shape(128, 264, 8, 3),
     "n256_p264_w8": _shape(256, 264, 8, 3),
+    # more splits now that a split costs no second launch (not yet timed)
+    "n64_p528_w4": _shape(64, 528, 4, 4),
+    "n32_p264_w4": _shape(32, 264, 4, 4),
 }
 DEFAULT = "n64_p264_w4"
 
