@@ -68,6 +68,13 @@ def main() -> None:
     for o, b in zip(ours, base, strict=True):
         cells = [f"{b[c]:.1f} / {o[c]:.1f} ({b[c] / o[c]:.2f})" for c in COLUMNS]
         print(f"| {o['K']} -> {o['N']} | {o['M']} | " + " | ".join(cells) + " |")
+    cand = [c for c in ours[0] if c.startswith("w4a8[")]
+    print("\nthis tree's W4A8 launch candidates, us (base's where it has them):")
+    print("| K -> N | M | " + " | ".join(c[5:-4] for c in cand) + " |")
+    print("|---|---|" + "---|" * len(cand))
+    for o, b in zip(ours, base, strict=True):
+        cells = [f"{o[c]:.1f}" + (f" ({b[c]:.1f})" if c in b else "") for c in cand]
+        print(f"| {o['K']} -> {o['N']} | {o['M']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
