@@ -61,8 +61,8 @@ CANDIDATES = {
     "n128_p264_w4": _shape(128, 264, 4, 4),
     "n128_p264_w8": _shape(128, 264, 8, 3),
     "n256_p264_w8": _shape(256, 264, 8, 3),
-    # more splits now that a split costs no second launch (not yet timed)
-    "n64_p528_w4": _shape(64, 528, 4, 4),
+    # 32 columns: 2x the splits of n64 (H100, 2026-12-07: 0.92x its time at M = 16 on 4096 ->
+    # 6144 and 2048 -> 2560, 1.08x on 11008 -> 2048)
     "n32_p264_w4": _shape(32, 264, 4, 4),
 }
 DEFAULT = "n64_p264_w4"
