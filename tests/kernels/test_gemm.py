@@ -104,20 +104,59 @@ def test_few_rows_split_depends_on_k_alone():
     assert launch_config(4096)["SPLIT_K"] == split_for(4096)
 
 
+def _integers(*shape, seed=0, lo=-4, hi=5):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, shape, generator=g).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("split", [2, 3, 5])
+def test_split_k_last_arrival_adds_every_partial(split):
+    """Split K in one launch (``gemm.arrival``): the last split program of each tile adds all the
+    partials, on every tile, call after call (the tickets go back to zero). Integer-valued inputs
+    make every fp32 / int64 sum exact, so any lost or doubled partial changes the result; K = 768
+    with split 5 leaves empty splits (granule 256), W4A8 at K = 640 too (5 groups)."""
+    from flashrt_kernels.gemm import arrival, reference
+
+    x, w = _integers(19, 768, seed=split), _integers(70, 768, seed=split + 1)
+    cfg = {"BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 1}
+    want = reference.linear(x, w)
+    wg = _integers(2 * 35, 768, seed=split + 2)
+    want_gu = linear_gate_up_swiglu(x, wg, config={**cfg, "SPLIT_K": 1})
+    w4 = quantize_int4(torch.randn(70, 640, generator=torch.Generator().manual_seed(split)))
+    want4 = w4a8_linear(x[:, :640].contiguous(), w4, backend="reference")
+    cfg4 = {"BLOCK_N": 32, "SPLIT_K": split, "num_warps": 4, "num_stages": 1}
+    for _ in range(2):
+        assert torch.equal(linear(x, w, config=cfg), want)
+        assert torch.equal(linear_gate_up_swiglu(x, wg, config=cfg), want_gu)
+        assert torch.equal(w4a8_linear(x[:, :640].contiguous(), w4, config=cfg4), want4)
+    assert all(int(t.abs().sum()) == 0 for t in arrival._TICKETS.values())
+
+
 @pytest.mark.gpu
-def test_few_rows_cuda_graph_replay_is_exact():
-    x = torch.randn(24, 4096, device="cuda").to(torch.bfloat16)
-    w = torch.randn(6144, 4096, device="cuda").to(torch.bfloat16)
-    out = torch.empty(24, 6144, dtype=torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("k, n", [(4096, 6144), (11008, 2048)])
+def test_few_rows_cuda_graph_replay_is_exact(k, n):
+    """A graph replays the bf16 and W4A8 linears (split K in one launch at K = 11008: the tickets
+    must be back at zero after every replay) with new inputs, bit for bit as eager calls."""
+    w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    w4 = quantize_int4(w.float())
+    x = torch.randn(24, k, device="cuda").to(torch.bfloat16)
+    out = torch.empty(24, n, dtype=torch.bfloat16, device="cuda")
+    out4 = torch.empty_like(out)
     linear(x, w, out=out)
-    eager = out.clone()
+    w4a8_linear(x, w4, out=out4)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         linear(x, w, out=out)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+        w4a8_linear(x, w4, out=out4)
+    for seed in range(3):
+        g = torch.Generator("cuda").manual_seed(seed)
+        x.copy_(torch.randn(24, k, device="cuda", generator=g))
+        out.zero_()
+        out4.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, linear(x, w))
+        assert torch.equal(out4, w4a8_linear(x, w4))
 
 
 @pytest.mark.gpu
@@ -250,11 +289,11 @@ def test_nvfp4_split_k_is_faithful_and_deterministic():
     assert nvfp4_launch_config(16, 22016, 2048, sms=132)["SPLIT_K"] == 1
     assert nvfp4_launch_config(2048, 4096, 12288, sms=132)["SPLIT_K"] == 1
     device = test_device()
-    x, w = _bf16(5, 512, seed=1).float().to(device), _bf16(40, 512, seed=2).float().to(device)
+    x, w = _bf16(5, 512, seed=1).float().to(device), _bf16(140, 512, seed=2).float().to(device)
     a, b = nvfp4_quantize(x, per_row=True), nvfp4_quantize(w, per_row=False)
     ref = reference_nvfp4_linear(*a, *b).double()
-    cfg = nvfp4_launch_config(5, 40, 512)
-    for split in (1, 2, 3, 8):
+    cfg = nvfp4_launch_config(5, 140, 512)
+    for split in (1, 2, 3, 8):  # (several column tiles, each with its own ticket)
         y = nvfp4_linear(*a, *b, backend="triton", config={**cfg, "SPLIT_K": split})
         assert ((y.double() - ref).abs() <= 2.0**-7 * ref.abs() + 1e-3).all(), split
         again = nvfp4_linear(*a, *b, backend="triton", config={**cfg, "SPLIT_K": split})

@@ -27,7 +27,8 @@ import triton.language as tl
 
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
-from flashrt_kernels.gemm import reference
+from flashrt_kernels.gemm import arrival, reference
+from flashrt_kernels.gemm.arrival import arrived_last
 from flashrt_kernels.gemm.fp8_linear import SMS
 from flashrt_kernels.quant.device import swiglu
 from flashrt_kernels.triton_helpers import cast_rne, to_f32
@@ -203,7 +204,7 @@ def _dot_columns(X, W, rows, cols, m, n_rows_w, k0, k_len, stride_x, stride_w,
 
 @triton.jit(do_not_specialize=["m"])  # M only enters masks: one compilation for every M
 def _few_rows_kernel(
-    X, W, WS, Y, P, m, n_out, k, split, stride_x, stride_w, stride_y,
+    X, W, WS, Y, P, T, m, n_out, k, split, stride_x, stride_w, stride_y,
     HAS_SCALE: tl.constexpr, GATE_UP: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TILES: tl.constexpr, UPCAST: tl.constexpr,
     WIDE: tl.constexpr = False,
@@ -224,11 +225,23 @@ def _few_rows_kernel(
                               WIDE)  # fmt: skip
     mask = (rows < m)[:, None] & (cols < n_out)[None, :]
     if PARTIAL:
-        # fp32 partials [split, (gate|up,) m, n_w]; the reduce kernel adds them in split order
-        base = P + pid_s * m * n_w + rows[:, None] * n_w + cols[None, :]
-        tl.store(base, acc, mask=mask)
+        # fp32 partials [split, (gate|up,) m, n_w]; the last split to arrive adds them in split
+        # order (``arrival``)
+        base = P + rows[:, None] * n_w + cols[None, :]
+        tl.store(base + pid_s * m * n_w, acc, mask=mask)
         if GATE_UP:
-            tl.store(base + n_out, acc_up, mask=mask)
+            tl.store(base + pid_s * m * n_w + n_out, acc_up, mask=mask)
+        if arrived_last(T, pid_m * tl.num_programs(1) + pid_n, split):
+            acc = tl.load(base, mask=mask, other=0.0, cache_modifier=".cg")
+            if GATE_UP:
+                acc_up = tl.load(base + n_out, mask=mask, other=0.0, cache_modifier=".cg")
+            for sp in range(1, split):
+                part = base + sp * m * n_w
+                acc += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+                if GATE_UP:
+                    acc_up += tl.load(part + n_out, mask=mask, other=0.0, cache_modifier=".cg")
+            _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y,
+                      HAS_SCALE, GATE_UP)  # fmt: skip
     else:
         _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y,
                   HAS_SCALE, GATE_UP)  # fmt: skip
@@ -249,26 +262,6 @@ def _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y,
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
 
 
-@triton.jit(do_not_specialize=["m"])
-def _split_reduce_kernel(P, WS, Y, m, n_out, split, stride_y, HAS_SCALE: tl.constexpr,
-                         GATE_UP: tl.constexpr,
-                         BLOCK_N: tl.constexpr):  # fmt: skip
-    rows = tl.program_id(0) * 16 + tl.arange(0, 16)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < m)[:, None] & (cols < n_out)[None, :]
-    n_w = 2 * n_out if GATE_UP else n_out
-    base = P + rows[:, None] * n_w + cols[None, :]
-    acc = tl.load(base, mask=mask, other=0.0)
-    acc_up = acc
-    if GATE_UP:
-        acc_up = tl.load(base + n_out, mask=mask, other=0.0)
-    for s in range(1, split):
-        acc += tl.load(base + s * m * n_w, mask=mask, other=0.0)
-        if GATE_UP:
-            acc_up += tl.load(base + s * m * n_w + n_out, mask=mask, other=0.0)
-    _epilogue(acc, acc_up, WS, Y, rows, cols, mask, n_out, stride_y, HAS_SCALE, GATE_UP)
-
-
 def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
     m, k = x.shape
     if m == 0 or n_out == 0:
@@ -286,18 +279,14 @@ def _launch(x, w, w_scale, y, n_out, gate_up, config=None):
     grid = (triton.cdiv(m, BLOCK_M * row_tiles), triton.cdiv(n_out, bn), split)
     n_w = 2 * n_out if gate_up else n_out
     part = torch.empty(split, m, n_w, dtype=torch.float32, device=x.device) if split > 1 else y
+    ticket = arrival.tickets(x.device, grid[0] * grid[1]) if split > 1 else y
     has_scale = w_scale is not None
     ws = w_scale if has_scale else y
     _few_rows_kernel[grid](
-        x, w, ws, y, part, m, n_out, k, split, x.stride(0), w.stride(0), y.stride(0),
+        x, w, ws, y, part, ticket, m, n_out, k, split, x.stride(0), w.stride(0), y.stride(0),
         HAS_SCALE=has_scale, GATE_UP=gate_up, PARTIAL=split > 1, ROW_TILES=row_tiles,
         UPCAST=upcast, **cfg, num_stages=stages, enable_fp_fusion=False,
     )  # fmt: skip
-    if split > 1:
-        _split_reduce_kernel[(triton.cdiv(m, BLOCK_M), grid[1])](
-            part, ws, y, m, n_out, split, y.stride(0), HAS_SCALE=has_scale, GATE_UP=gate_up,
-            BLOCK_N=bn, num_warps=4, enable_fp_fusion=False,
-        )  # fmt: skip
 
 
 def _validate(op, x, w, w_scale, out, n_out):

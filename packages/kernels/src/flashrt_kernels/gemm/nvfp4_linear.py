@@ -23,6 +23,8 @@ import triton.language as tl
 
 from flashrt_kernels.backends import resolve_backend, sm_count, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
+from flashrt_kernels.gemm import arrival
+from flashrt_kernels.gemm.arrival import arrived_last
 from flashrt_kernels.quant import reference as qref
 from flashrt_kernels.quant.fp4_tiles import dequant_tile
 from flashrt_kernels.triton_helpers import cast_rne, grouped_tile, to_f32
@@ -54,14 +56,15 @@ def _nvfp4_dequant_rows_kernel(C, SF, OUT, m, stride_c, stride_sf, stride_o,
 
 @triton.jit
 def _nvfp4_linear_kernel(
-    A, ASF, AA, WC, WSF, WA, Y, WS, m, n, k, k_split, stride_a, stride_asf, stride_wc, stride_wsf,
-    stride_y, A_CODES: tl.constexpr, A_PER_ROW: tl.constexpr, W_PER_ROW: tl.constexpr,
+    A, ASF, AA, WC, WSF, WA, Y, WS, T, m, n, k, k_split, splits, stride_a, stride_asf, stride_wc,
+    stride_wsf, stride_y, A_CODES: tl.constexpr, A_PER_ROW: tl.constexpr, W_PER_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Y^T tile [BLOCK_N, BLOCK_M] = W tile (dequantized in registers, the dot's left operand)
     times A tile^T; A is NVFP4 codes dequantized here too (A_CODES) or already bf16. With SPLIT,
-    program (tile, s) sums K from s * k_split to (s + 1) * k_split into fp32 workspace WS[s]."""
+    program (tile, s) sums K from s * k_split to (s + 1) * k_split into fp32 workspace WS[s], and
+    the tile's last program to arrive adds them in split order (``gemm.arrival``)."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -80,8 +83,14 @@ def _nvfp4_linear_kernel(
                 a = to_f32(a)
         acc = tl.dot(w.to(dot_dtype), tl.trans(a.to(dot_dtype)), acc)
     if SPLIT:
-        ws = WS + tl.program_id(1) * m * n + rows[None, :] * n + cols[:, None]
-        tl.store(ws, acc, mask=col_ok[:, None] & row_ok[None, :])
+        ws = WS + rows[None, :] * n + cols[:, None]
+        mask = col_ok[:, None] & row_ok[None, :]
+        tl.store(ws + tl.program_id(1) * m * n, acc, mask=mask)
+        if arrived_last(T, tl.program_id(0), splits):
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for s in range(0, splits):
+                acc += tl.load(ws + s * m * n, mask=mask, other=0.0, cache_modifier=".cg")
+            _scale_store(acc, AA, WA, Y, rows, cols, m, n, stride_y, A_PER_ROW, W_PER_ROW)
     else:
         _scale_store(acc, AA, WA, Y, rows, cols, m, n, stride_y, A_PER_ROW, W_PER_ROW)
 
@@ -96,19 +105,6 @@ def _scale_store(acc, AA, WA, Y, rows, cols, m, n, stride_y, A_PER_ROW: tl.const
     y = acc * wa[:, None] * aa[None, :]
     tl.store(Y + rows[None, :].to(tl.int64) * stride_y + cols[:, None], cast_rne(y, tl.bfloat16),
              mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip
-
-
-@triton.jit
-def _split_sum_kernel(WS, AA, WA, Y, m, n, splits, stride_y, A_PER_ROW: tl.constexpr,
-                      W_PER_ROW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """The split-K partials summed in split order (deterministic), then the alphas and the cast."""
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (cols < n)[:, None] & (rows < m)[None, :]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for s in range(0, splits):
-        acc += tl.load(WS + s * m * n + rows[None, :] * n + cols[:, None], mask=mask, other=0.0)
-    _scale_store(acc, AA, WA, Y, rows, cols, m, n, stride_y, A_PER_ROW, W_PER_ROW)
 
 
 def _check_operand(name, c, sf, alpha, k=None):
@@ -165,19 +161,15 @@ def nvfp4_linear(a_codes, a_scales, a_alpha, w_codes, w_scales, w_alpha, *, out=
         raise ValueError(f"{OP}: a {splits}-way split of K needs {splits} x {m} x {n} fp32 partials, "
                          "more than 32-bit offsets address; use fewer splits")  # fmt: skip
     ws = torch.empty(splits, m, n, dtype=torch.float32, device=dev) if splits > 1 else out
+    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    ticket = arrival.tickets(dev, tiles) if splits > 1 else out
     a_per_row, w_per_row = a_alpha.numel() == m and m > 1, w_alpha.numel() == n and n > 1
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), splits)
-    _nvfp4_linear_kernel[grid](
-        a, a_scales, a_alpha, w_codes, w_scales, w_alpha, out, ws, m, n, k, k_split, a_stride,
-        a_scales.stride(0), w_codes.stride(0), w_scales.stride(0), out.stride(0),
+    _nvfp4_linear_kernel[(tiles, splits)](
+        a, a_scales, a_alpha, w_codes, w_scales, w_alpha, out, ws, ticket, m, n, k, k_split,
+        splits, a_stride, a_scales.stride(0), w_codes.stride(0), w_scales.stride(0), out.stride(0),
         A_CODES=a_codes_in_loop, A_PER_ROW=a_per_row, W_PER_ROW=w_per_row, SPLIT=splits > 1,
         UPCAST=upcast, **cfg, enable_fp_fusion=True,
     )  # fmt: skip
-    if splits > 1:
-        grid = (triton.cdiv(n, 128), triton.cdiv(m, 16))
-        _split_sum_kernel[grid](ws, a_alpha, w_alpha, out, m, n, splits, out.stride(0),
-                                A_PER_ROW=a_per_row, W_PER_ROW=w_per_row, BLOCK_M=16,
-                                BLOCK_N=128, num_warps=4, enable_fp_fusion=True)  # fmt: skip
     return out
 
 

@@ -33,7 +33,8 @@ import triton.language as tl
 
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import check_out, check_tensor
-from flashrt_kernels.gemm import reference
+from flashrt_kernels.gemm import arrival, reference
+from flashrt_kernels.gemm.arrival import arrived_last
 from flashrt_kernels.quant import reference as qref
 from flashrt_kernels.quant.device import rne_small
 from flashrt_kernels.quant.int4 import Int4Weight
@@ -60,6 +61,9 @@ CANDIDATES = {
     "n128_p264_w4": _shape(128, 264, 4, 4),
     "n128_p264_w8": _shape(128, 264, 8, 3),
     "n256_p264_w8": _shape(256, 264, 8, 3),
+    # 32 columns: 2x the splits of n64 (H100, 2026-12-07: 0.92x its time at M = 16 on 4096 ->
+    # 6144 and 2048 -> 2560, 1.08x on 11008 -> 2048)
+    "n32_p264_w4": _shape(32, 264, 4, 4),
 }
 DEFAULT = "n64_p264_w4"
 
@@ -79,8 +83,8 @@ def _quantize_group(X, rows, row_ok, kk, stride_x, inv):
 
 @triton.jit
 def _w4a8_kernel(
-    X, XQ, XS, QW, Z, S16, G, Y, P, m, n_out, n_pad, k, split, stride_x, stride_xq, stride_w,
-    stride_y, PROLOGUE: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    X, XQ, XS, QW, Z, S16, G, Y, P, T, m, n_out, n_pad, k, split, stride_x, stride_xq,
+    stride_w, stride_y, PROLOGUE: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * 16 + tl.arange(0, 16)
@@ -121,12 +125,17 @@ def _w4a8_kernel(
         acc_hi = tl.dot(xo, tl.trans(hi), out_dtype=tl.int32)
         total += (acc * 16 + acc_hi).to(tl.int64) * s[None, :]
     mask = row_ok[:, None] & (cols < n_out)[None, :]
-    if PARTIAL:
-        tl.store(P + pid_s * m * n_out + rows[:, None] * n_out + cols[None, :], total, mask=mask)
-        if PROLOGUE:  # every split writes the same scales
-            tl.store(XS + rows, xs, mask=row_ok)
+    tscale = xs * tl.load(G)
+    if PARTIAL:  # int64 partials [split, m, n]; the last split to arrive adds them in split order
+        base = P + rows[:, None] * n_out + cols[None, :]
+        tl.store(base + pid_s * m * n_out, total, mask=mask)
+        if arrived_last(T, pid_m * tl.num_programs(1) + pid_n, split):
+            total = tl.load(base, mask=mask, other=0, cache_modifier=".cg")
+            for sp in range(1, split):
+                total += tl.load(base + sp * m * n_out, mask=mask, other=0, cache_modifier=".cg")
+            _store_rows(total, tscale, Y, rows, cols, mask, stride_y)
     else:
-        _store_rows(total, xs * tl.load(G), Y, rows, cols, mask, stride_y)
+        _store_rows(total, tscale, Y, rows, cols, mask, stride_y)
 
 
 @triton.jit
@@ -134,19 +143,6 @@ def _store_rows(total16, tscale, Y, rows, cols, mask, stride_y):
     """bf16 of fp32(total) * fp32(xs * gfactor), ``total16`` being 16 times the group sum."""
     y = (total16 >> 4).to(tl.float32) * tscale[:, None]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], cast_rne(y, tl.bfloat16), mask=mask)
-
-
-@triton.jit
-def _w4a8_reduce_kernel(P, XS, G, Y, m, n_out, split, stride_y, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * 16 + tl.arange(0, 16)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < m)[:, None] & (cols < n_out)[None, :]
-    base = P + rows[:, None] * n_out + cols[None, :]
-    total = tl.load(base, mask=mask, other=0)
-    for s in range(1, split):
-        total += tl.load(base + s * m * n_out, mask=mask, other=0)
-    tscale = tl.load(XS + rows, mask=rows < m, other=0.0) * tl.load(G)
-    _store_rows(total, tscale, Y, rows, cols, mask, stride_y)
 
 
 def _validate(x, xq, xs, w, out):
@@ -198,20 +194,14 @@ def w4a8_linear(x=None, weight: Int4Weight = None, *, xq=None, xs=None, out=None
     grid = (triton.cdiv(m, 16), triton.cdiv(n, bn), split)
     prologue = x is not None
     part = torch.empty(split, m, n, dtype=torch.int64, device=dev) if split > 1 else out
-    if prologue and split > 1:
-        xs = torch.empty(m, dtype=torch.float32, device=dev)
+    ticket = arrival.tickets(dev, grid[0] * grid[1]) if split > 1 else out
     _w4a8_kernel[grid](
         x if prologue else xq, xq if xq is not None else x, xs if xs is not None else out,
-        weight.qweight, weight.zeros, weight.s16, weight.gfactor, out, part,
+        weight.qweight, weight.zeros, weight.s16, weight.gfactor, out, part, ticket,
         m, n, weight.qweight.shape[0], weight.in_features, split, x.stride(0) if prologue else 0,
         xq.stride(0) if xq is not None else 0, weight.qweight.stride(0), out.stride(0),
         PROLOGUE=prologue, PARTIAL=split > 1, enable_fp_fusion=False, **cfg,
     )  # fmt: skip
-    if split > 1:
-        _w4a8_reduce_kernel[grid[:2]](
-            part, xs, weight.gfactor, out, m, n, split, out.stride(0), BLOCK_N=bn,
-            num_warps=4, enable_fp_fusion=True,
-        )  # fmt: skip
     return out
 
 
