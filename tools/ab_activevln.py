@@ -24,8 +24,6 @@ settings in place, restored afterwards. Variants:
 - ``vision-stream-N``: the preset with ``vision_ahead=N`` on a stream of its own
   (``vision_stream=True``);
 - ``tree-N``: the preset with ``grammar_tree_budget=N`` (the presets take 32);
-- ``vision-batch-N-M[-stream]``: ``vision_ahead=N`` with calls that wait for ``M`` frames
-  (``vision_ahead_batch=M``), on the step's stream or a stream of its own;
 - ``buckets-64``: the step graphs' token buckets 64 tokens apart at every size
   (``graphs.COARSER_PAST`` empty: less padding, more graphs); ``buckets-64-128``: 64 apart up to
   1024 tokens, 128 beyond.
@@ -93,15 +91,6 @@ VARIANTS = {
         for n in (2, 4, 8)
     },
     **{f"tree-{n}": (contextlib.nullcontext, {"grammar_tree_budget": n}) for n in (16, 24, 48, 63)},
-    **{
-        f"vision-batch-{n}-{m}{s}": (
-            contextlib.nullcontext,
-            {"vision_ahead": n, "vision_ahead_batch": m, "vision_stream": s == "-stream"},
-        )
-        for n in (2, 4)
-        for m in (4, 8)
-        for s in ("", "-stream")
-    },
 }
 
 

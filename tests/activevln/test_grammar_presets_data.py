@@ -118,11 +118,6 @@ def test_parse_actions():
         ({"dataset": "reverie"}, "dataset"),
         ({"vision_stream": True}, "vision_ahead"),
         ({"vision_stream": 1, "vision_ahead": 2}, "vision_stream"),
-        (
-            {"vision_ahead_batch": 9, "vision_ahead": 2},
-            r"vision_ahead_batch=9: expected .* \[0, 8\]",
-        ),
-        ({"vision_ahead_batch": 2, "batch_size": 4}, "needs vision_ahead"),
     ],
 )
 def test_invalid_options_rejected(kw, msg):

@@ -48,10 +48,6 @@
 | ``vision_stream`` | bool | the vision ahead on a CUDA stream of its own: the next text forward waits |
 |  |  | for it only where it takes one of its frames (needs ``vision_ahead``): |
 |  |  | exact (the same calls over the same frames, only their timing moves) |
-| ``vision_ahead_batch`` | 0..8 | frames a vision-ahead call waits for, unless a row's next frame is |
-|  |  | missing (0: a call for whatever is missing; a call takes at most ``batch_size``; needs |
-|  |  | ``vision_ahead``): fewer, larger tower calls; the same embeddings from |
-|  |  | other image batches, as ``vision_ahead`` |
 | ``constrain_to_grammar`` | bool | benchmarks with random weights: logits outside the grammar masked |
 | sampling | do_sample, temperature, top_p, repetition_penalty, seed | HF's order |
 """
@@ -83,7 +79,6 @@ class Options:
     grammar_step_budget: int = 0
     vision_ahead: int = 0
     vision_stream: bool = False
-    vision_ahead_batch: int = 0
     batch_size: int = 1
     constrain_to_grammar: bool = False
     dataset: str = "r2r"
@@ -152,11 +147,6 @@ class Options:
             )
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"option batch_size={self.batch_size!r}: expected an int >= 1")
-        batch = self.vision_ahead_batch
-        if not isinstance(batch, int) or not 0 <= batch <= 8:
-            raise ValueError(f"option vision_ahead_batch={batch!r}: expected an int in [0, 8]")
-        if batch and not self.vision_ahead:
-            raise ValueError("option vision_ahead_batch needs vision_ahead >= 1")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"option max_new_tokens={self.max_new_tokens!r}: expected an int >= 1")
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0):

@@ -20,10 +20,7 @@ are all cached runs no vision of its own. The GPU fills the host's gap between t
 work it needed anyway (waiting for larger vision calls instead lost: docs/activevln.md). With
 ``vision_stream`` the vision ahead runs on a CUDA stream of its own (after the work queued before
 it): the next forward waits for a call only where it takes one of that call's frames, so a call
-that outlasts the host's gap overlaps the next forward instead of delaying it. With
-``vision_ahead_batch=M`` an ahead call waits until M frames are missing, unless a row's next frame
-(or the next waiting episode's first) is: fewer, larger tower calls, which pay on a stream of
-their own if anywhere.
+that outlasts the host's gap overlaps the next forward instead of delaying it.
 """
 
 from __future__ import annotations
@@ -411,12 +408,6 @@ class Engine:
             if i < len(ep.frames) and (idx, i) not in self._embeds:
                 missing.setdefault((idx, i), ep)
         wanted = list(missing.items())[: self.opt.batch_size]
-        # ``vision_ahead_batch``: wait for a fuller call unless a row's next frame (or the next
-        # waiting episode's first) is missing: a function of the replay's state alone
-        nearest = order[: len(live) + (1 if self._queue else 0)]
-        urgent = any((idx, i) in missing for idx, _, i in nearest)
-        if len(wanted) < min(self.opt.vision_ahead_batch, self.opt.batch_size) and not urgent:
-            return False
         # taken in order, waiting for a load if need be, so that which frames share a call does
         # not depend on the loaders' timing; one frame size a call
         keys, frames = [], []
