@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The CUDA top-K's paths side by side, per cell: which one a row length and batch should take.
 
-    python3 tools/topk_paths.py [--cells B,N,K ...] [--json OUT.json]
+    python3 tools/topk_paths.py [--cells B,N,K ...] [--drift D] [--json OUT.json]
 
-For each cell (fp32 ``ScoreChain`` rows, drift 0.02, the ``topk`` benchmark's chain) this times,
+For each cell (fp32 ``ScoreChain`` rows, drift 0.02 unless ``--drift``: the ``topk`` benchmark's
+chain; 0.2-0.35 are the DeepSeek indexer's decode chains, whose hints miss) this times,
 as CUDA graphs over rotated input sets, every path ``cuda_select.launch`` can take for it: the
 one-block rows (``N <= SHORT_MAX``), the multi-launch path hint-free and with the previous step's
-selection as the hint (``clusters=False``), and the thread-block clusters
+selection as the hint (``clusters=False``; where ``step_helpers`` puts the steps inside the
+finishing launch, also with them in launches of their own: ``steps``), and the thread-block clusters
 (``clusters=True``, where ``cluster_plan`` allows: they take no hint), beside ``torch.topk``;
 and checks each path's result bit for bit against the reference. ``auto`` / ``auto hinted`` name
 the paths the backend picks for a hint-free / hinted call. Run it through ``tools/gpu_run.py``'s
@@ -43,15 +45,19 @@ def _paths(b: int, n: int) -> dict[str, dict]:
     else:
         out["multi"] = {"clusters": False, "hint": False}
         out["multi hinted"] = {"clusters": False, "hint": True}
+        s = cuda_select.plan(b, n, dev)[0]
+        if cuda_select.step_helpers(b, s, dev):
+            out["multi steps"] = {"clusters": False, "hint": False, "helpers": False}
+            out["multi hinted steps"] = {"clusters": False, "hint": True, "helpers": False}
     if cuda_select.cluster_plan(b, n, dev) is not None:
         out["clusters"] = {"clusters": True, "hint": False}
     return out
 
 
-def cell(b: int, n: int, k: int) -> dict:
+def cell(b: int, n: int, k: int, drift: float) -> dict:
     dev = torch.device("cuda")
     sets = rotation(b * n * 4)
-    chain = ScoreChain(b, n, drift=0.02, seed=n + k)
+    chain = ScoreChain(b, n, drift=drift, seed=n + k)
     prev = chain.step()[0]
     xs, hints = [], []
     for _ in range(sets):
@@ -69,7 +75,8 @@ def cell(b: int, n: int, k: int) -> dict:
 
         def call(j, kw=kw):
             h = hints[j] if kw["hint"] else None
-            cuda_select.launch(xs[j], k, None, ov, oi, None, h, None, True, kw["clusters"])
+            cuda_select.launch(xs[j], k, None, ov, oi, None, h, None, True, kw["clusters"],
+                               kw.get("helpers", True))  # fmt: skip
 
         row[f"{name}_us"] = time_graph_us([lambda j=j: call(j) for j in range(sets)])
         call(sets - 1)
@@ -88,17 +95,19 @@ def cell(b: int, n: int, k: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", nargs="*", default=CELLS)
+    ap.add_argument("--drift", type=float, default=0.02, help="ScoreChain drift between steps")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()
     rows = []
     for i, c in enumerate(args.cells):
         b, n, k = (int(v) for v in c.split(","))
-        rows.append(cell(b, n, k))
+        rows.append(cell(b, n, k, args.drift))
         print(f"[{i + 1}/{len(args.cells)}] {c}", file=sys.stderr, flush=True)
     cols = list(dict.fromkeys(key for r in rows for key in r))  # first seen, in order
     print(markdown_table(rows, cols))
     if args.json:
-        env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "drift": args.drift}  # fmt: skip
         Path(args.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     return 0 if all(v for r in rows for key, v in r.items() if key.endswith("_exact")) else 1
 

@@ -215,7 +215,7 @@ def test_cuda_select_compiles_for_sm90_without_a_gpu(tmp_path):
         "step_kernel": "const void*, long long, const int*, int, int, int, int, int, int, int, "
         "int*, int*, int2*, int*",
         "finish_kernel": "const void*, long long, const int*, int, int, int, int, int, int, int, "
-        "const int*, const int2*, const int*, int*, void*, int*, int",
+        "int*, int2*, int*, int*, void*, int*, int, int, int, int, int*",
     }
     inst = "".join(
         f"template __global__ void {name}<{dt}>({args});\n"
@@ -272,6 +272,26 @@ def test_cuda_path_choice_by_batch_and_hint(monkeypatch):
     assert cs._use_clusters(many, 1 << 20, dev, None, None, False) is None  # parts too long
 
 
+def test_cuda_step_helpers_fit_one_block_an_sm(monkeypatch):
+    """The steps run inside the finishing launch only where its blocks (a finishing block and
+    the helpers of each row) fit one an SM on a 132-SM part, with at least ``MIN_HELPERS``
+    helpers a row and never more than the row's chunks; else the separate step launches."""
+    from flashrt_kernels.topk import cuda_select as cs
+
+    monkeypatch.setattr(cs, "sm_count", lambda index=0: 132)
+    dev = torch.device("cuda")
+    assert cs.step_helpers(1, 256, dev) == 131
+    assert cs.step_helpers(1, 64, dev) == 64  # at most the row's chunks
+    assert cs.step_helpers(4, 132, dev) == 32
+    assert cs.step_helpers(14, 38, dev) == 8
+    assert cs.step_helpers(15, 36, dev) == 0  # 7 helpers a row: below MIN_HELPERS
+    assert cs.step_helpers(1, cs.MIN_HELPERS - 1, dev) == 0
+    assert cs.step_helpers(1, 0, dev) == 0  # short rows: no passes
+    for b in range(1, 133):
+        h = cs.step_helpers(b, 1024, dev)
+        assert h == 0 or (h >= cs.MIN_HELPERS and b * (1 + h) <= 132)
+
+
 def _cuda_or_skip():
     from flashrt_kernels.backends import backend_runs_on
 
@@ -285,16 +305,73 @@ def _assert_bits_equal(got, want):
     assert torch.equal(got[0].cpu().view(bits), want[0].view(bits))
 
 
-def _cuda_launch(x, k, *, hint=None, state=None, lengths=None, split=None, clusters=None):
+def _cuda_launch(x, k, *, hint=None, state=None, lengths=None, split=None, clusters=None,
+                 helpers=True):  # fmt: skip
     """The CUDA select's launches on x (on the GPU) with its path chosen: ``clusters`` False
-    keeps long rows on the multi-launch path, True sends them to thread-block clusters."""
+    keeps long rows on the multi-launch path, True sends them to thread-block clusters;
+    ``helpers`` False keeps the steps in launches of their own."""
     from flashrt_kernels.topk import cuda_select
 
     b = x.shape[0]
     ov = torch.full((b, k), float("nan"), dtype=x.dtype, device="cuda")
     oi = torch.full((b, k), -7, dtype=torch.int32, device="cuda")
-    cuda_select.launch(x, k, lengths, ov, oi, state, hint, split, True, clusters)
+    cuda_select.launch(x, k, lengths, ov, oi, state, hint, split, True, clusters, helpers)
     return ov, oi
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, n", [(1, 1 << 20), (4, 300007), (12, 1 << 17)])
+def test_cuda_steps_inside_the_finishing_launch(b, n):
+    """Rows through every step status with the steps run by the finishing launch's helpers and
+    by separate launches: a good hint (settled by the counting pass), a random hint and a
+    hint-free call (digit passes, then a compaction), rows whose keys share their top 12 bits
+    (two digit passes), a plateau of more than 16384 keys at the K-th value (all three passes,
+    then the emission from the row), and rows of other lengths (some short): exact every time,
+    both forms the same bits and the same state; the fused form in a CUDA graph too."""
+    _cuda_or_skip()
+    from flashrt_kernels.topk import cuda_select
+    from flashrt_kernels.topk.properties import check_state
+
+    s, _, _ = cuda_select.plan(b, n, torch.device("cuda"))
+    assert cuda_select.step_helpers(b, s, torch.device("cuda")) > 0
+    g = torch.Generator().manual_seed(b * n)
+    k = 1024
+    x = torch.randn(b, n, generator=g)
+    narrow = 1.0 + torch.rand(b, n, generator=g) * 1e-3  # one top-12-bit bucket
+    plateau = torch.randn(b, n, generator=g)
+    plateau[:, 3::5] = 7.0  # n / 5 keys tied at the K-th value
+    lens = torch.randint(n // 3, n + 1, (b,), generator=g, dtype=torch.int32)
+    lens[0] = n
+    lens[-1] = min(n, 20000)  # a short row beside the long ones
+    good = torch.topk(x + 0.001 * torch.randn(b, n, generator=g), k).indices.int()
+    bad = torch.randint(0, n, (b, k), generator=g, dtype=torch.int32)
+    cases = [(x, good, None), (x, bad, None), (x, None, None), (narrow, bad, None),
+             (narrow, None, None), (plateau, None, None), (x, bad, lens), (narrow, None, lens)]  # fmt: skip
+    for rows, hint, ln in cases:
+        want = reference.topk(rows, k, ln)
+        got = []
+        for helpers in (True, False):
+            state = st.new_state(b, "cuda")
+            out = _cuda_launch(rows.cuda(), k, hint=None if hint is None else hint.cuda(),
+                               state=state, lengths=None if ln is None else ln.cuda(),
+                               clusters=False, helpers=helpers)  # fmt: skip
+            _assert_bits_equal(out, want)
+            check_state(state, rows, k, ln, want[0])
+            got.append(state.cpu())
+        assert torch.equal(got[0], got[1])
+    xd, hd = narrow.cuda(), bad.cuda()
+    ov = torch.full((b, k), float("nan"), device="cuda")
+    oi = torch.full((b, k), -7, dtype=torch.int32, device="cuda")
+    cuda_select.launch(xd, k, None, ov, oi, None, hd, None, True, False)  # workspace exists
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_select.launch(xd, k, None, ov, oi, None, hd, None, True, False)
+    want = reference.topk(narrow, k)
+    for _ in range(3):
+        ov.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_bits_equal((ov, oi), want)
 
 
 @pytest.mark.gpu

@@ -14,8 +14,9 @@ One call is, by the rows' length ``N``:
 - other long rows: ``S`` blocks per row for each pass over the row --
   ``bound_kernel`` (hint-free only: a lower bound on the K-th key from group maxima),
   ``count_kernel`` (eight thresholds from the bound, or from the hint, counted exactly; the keys
-  >= the first compacted), three ``step_kernel`` launches (digit passes or a compaction, only
-  for rows the counting pass did not settle) -- and the finishing kernel (one block per row).
+  >= the first compacted), the steps (digit passes or a compaction, only for rows the counting
+  pass did not settle: by helper blocks of the finishing launch where ``step_helpers`` allows,
+  else by three ``step_kernel`` launches) -- and the finishing kernel (one block per row).
 
 Every launch has a fixed grid and no host sync, so a call is CUDA-graph safe once its workspace
 exists (per device, B, S, chunk: the control words, histograms and counts are left zeroed for
@@ -53,6 +54,7 @@ HIST_BINS = 4096
 BOUND_SLOTS = 2 * 8192  # select.cu's BOUND_SLOTS: group maxima of the hint-free bound per row
 CTRL_WORDS = 32
 STEPS = 3  # step launches after the counting pass (digit passes 0..2 end in a known K-th key)
+MIN_HELPERS = 8  # fewest step helpers per row of the finishing launch (``step_helpers``)
 FINISH_THREADS = 1024
 CLUSTERS = (8, 4, 2)  # blocks per row of the cluster path, largest first (8: the portable limit)
 CLUSTER_CHUNK_MAX = 32768  # elements one block of a cluster holds in shared memory
@@ -209,6 +211,18 @@ def cluster_plan(b: int, n: int, device: torch.device) -> tuple[int, int] | None
     return None
 
 
+def step_helpers(b: int, s: int, device: torch.device) -> int:
+    """Blocks per row that run the steps inside the finishing launch (after the finishing block
+    of each row), or 0 for the ``STEPS`` separate step launches. Every block of the finishing
+    launch needs more than half an SM's shared memory, so a launch of at most one block an SM has
+    them all resident at once, which lets the finishing block wait for its helpers and the helpers
+    for each other between digit passes (no launch between the steps: settled rows then cost no
+    step launch at all). Helpers: as many as the SMs allow (at most the row's S chunks), where that
+    is at least ``MIN_HELPERS``; fewer would read a row in the passes slower than the launches."""
+    h = min(sm_count(device.index or 0) // max(b, 1) - 1, s)
+    return h if s and h >= MIN_HELPERS else 0
+
+
 def _use_clusters(b: int, n: int, device, split, clusters: bool | None, hinted: bool):
     """The cluster plan of this call, or None. ``clusters`` True takes the cluster path wherever
     ``cluster_plan`` allows, False never; None chooses it for rows longer than ``SHORT_MAX``
@@ -281,11 +295,13 @@ def _ptr(t: torch.Tensor | None) -> np.uint64:
 
 
 def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
-           pdl: bool = True, clusters: bool | None = None) -> None:  # fmt: skip
+           pdl: bool = True, clusters: bool | None = None,
+           helpers: bool = True) -> None:  # fmt: skip
     """All launches of one call (inputs validated by ``api``). ``pdl``: programmatic dependent
     launches where available (see the module docstring); False launches without (through CuPy
     where it compiled the source). ``clusters``: see ``_use_clusters`` (the cluster path takes
-    no hint: it reads every row once anyway)."""
+    no hint: it reads every row once anyway). ``helpers``: the steps inside the finishing launch
+    where ``step_helpers`` allows; False always as separate launches."""
     b, n = scores.shape
     dev = scores.device
     dt = _DT[scores.dtype]
@@ -319,6 +335,7 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
         ws = _workspace(dev, b, s, chunk)
         segcap = max(1, min(chunk, CAP))
         ctrl, seg, segcnt = _ptr(ws["ctrl"]), _ptr(ws["seg"]), _ptr(ws["segcnt"])
+        nh = step_helpers(b, s, dev) if helpers else 0
         if s:
             grid, block = (s, b), (512,)
             if hint is None:
@@ -329,12 +346,13 @@ def launch(scores, k, lengths, out_values, out_indices, state, hint, split=None,
                 (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(CAP), i32(segcap),
                  i32(short_max), _ptr(hint), _ptr(state), i32(st.STATE_WORDS), ctrl,
                  _ptr(ws["tc"]), seg, segcnt))  # fmt: skip
-            for _ in range(STEPS):
+            for _ in range(0 if nh else STEPS):
                 run("step_kernel", grid, block,
                     (sc, stride, ln, i32(n), i32(k), i32(chunk), i32(s), i32(CAP), i32(segcap),
                      i32(short_max), ctrl, _ptr(ws["hist"]), seg, segcnt))  # fmt: skip
-        run("finish_kernel", (b,), (FINISH_THREADS,),
+        run("finish_kernel", (1 + nh, b), (FINISH_THREADS,),
             (sc, stride, ln, i32(n), i32(k), i32(max(s, 1)), i32(segcap), i32(short_max),
              i32(1 if s else 0), i32(_keys_words(short_max, bool(s))), ctrl, seg, segcnt,
-             _ptr(out_indices), _ptr(out_values), _ptr(state), i32(st.STATE_WORDS)),
+             _ptr(out_indices), _ptr(out_values), _ptr(state), i32(st.STATE_WORDS), i32(chunk),
+             i32(CAP), i32(nh), _ptr(ws["hist"])),
             _finish_smem(short_max, bool(s)))  # fmt: skip

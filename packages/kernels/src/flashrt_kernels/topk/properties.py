@@ -151,6 +151,9 @@ def check_cuda_bound(state, k, n, split) -> None:
 
     if split is None and n <= cuda_select.SHORT_MAX:
         return  # one block: no bound
+    if split is None and cuda_select._use_clusters(state.shape[0], n, state.device, None, None,
+                                                   False) is not None:  # fmt: skip
+        return  # thread-block clusters: every row read once, no bound
     kk = min(k, n)
     rounds, count = state[:, st_.ROUNDS].cpu(), state[:, st_.ACCEPTED_COUNT].cpu()
     assert bool((rounds == 1).all()), f"the bound did not admit the candidates: rounds {rounds}"

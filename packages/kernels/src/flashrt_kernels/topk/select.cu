@@ -65,15 +65,37 @@ __device__ int block_compact(const void* row, int lo, int hi, u32 lo_key, int2* 
     return carry;
 }
 
-// Arrival: true in the last block of row b to get here (after its global writes are fenced).
-__device__ bool last_to_arrive(int* ctrl_row, int blocks, int* flag) {
+// Arrival: true in the last block of row b to get here (after its global writes are fenced). A
+// block that did `weight` of the row's `blocks` chunks arrives for all of them at once.
+__device__ bool last_to_arrive(int* ctrl_row, int blocks, int* flag, int weight = 1) {
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) *flag = atomicAdd(&ctrl_row[C_ARRIVED], 1) == blocks - 1;
+    if (threadIdx.x == 0)
+        *flag = atomicAdd(&ctrl_row[C_ARRIVED], weight) + weight == blocks;
     __syncthreads();
     bool last = *flag;
     if (last) __threadfence();
     return last;
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// A step's outcome, by thread 0 of the row's last block once the fields it names are written
+// (and the block's other global writes fenced before a barrier): the arrivals reset, the status,
+// then the next generation. Each store releases the ones before it, so a block that acquires the
+// generation (a helper) or the status (the finishing block) reads the fields of this outcome.
+__device__ void publish(int* cr, int status) {
+    cr[C_ARRIVED] = 0;
+    store_release(&cr[C_STATUS], status);
+    store_release(&cr[C_GEN], (int)((u32)__ldcg(&cr[C_GEN]) + 1u));
 }
 
 // The lower bound L on the K-th key. The row's elements fall into M disjoint groups, each inside
@@ -238,26 +260,30 @@ __global__ void __launch_bounds__(512) bound_kernel(
     }
 }
 
-// A digit pass over this block's chunk; the last block of the row decides what comes next.
+// Digit pass `pass` over [lo, hi) of the row into the row's histogram ghist (counted in sh first).
 template <int DT>
-__device__ void hist_pass(const void* row, int lo, int hi, int pass, int* cr, int* ghist, int S,
-                          int cap, int* sh, int* scratch) {
-    u32 prefix = (u32)__ldcg(&cr[C_PREFIX]);
-    int need = __ldcg(&cr[C_NEED]);
-    int above = __ldcg(&cr[C_ABOVE]);
-    int shift = pass_shift(pass), nb = pass_bins(pass);
-    u32 mask = pass_mask(pass);
+__device__ void hist_count(const void* row, int lo, int hi, int pass, u32 prefix, int* ghist,
+                           int* sh) {
+    const int shift = pass_shift(pass), nb = pass_bins(pass);
     for (int j = threadIdx.x; j < nb; j += blockDim.x) sh[j] = 0;
     __syncthreads();
-    hist_sweep<DT, LOAD_ITEMS>(row, lo, hi, shift, nb, mask, prefix, sh, nullptr);
+    hist_sweep<DT, LOAD_ITEMS>(row, lo, hi, shift, nb, pass_mask(pass), prefix, sh, nullptr);
     __syncthreads();
     for (int j = threadIdx.x; j < nb; j += blockDim.x)
         if (sh[j]) atomicAdd(&ghist[j], sh[j]);
-    if (!last_to_arrive(cr, S, scratch + 48)) return;
+}
+
+// The row's last block after digit pass `pass`: the bucket of the need-th key in the row's
+// histogram (which it leaves zeroed for the next pass / call), and what comes next, published.
+__device__ void pass_decide(int pass, int* cr, int* ghist, int cap, int* sh, int* scratch) {
+    const u32 prefix = (u32)__ldcg(&cr[C_PREFIX]);
+    const int need = __ldcg(&cr[C_NEED]), above = __ldcg(&cr[C_ABOVE]);
+    const int shift = pass_shift(pass), nb = pass_bins(pass);
     for (int j = threadIdx.x; j < nb; j += blockDim.x) {
         sh[j] = __ldcg(&ghist[j]);
         ghist[j] = 0;  // zero for the next pass / call
     }
+    __threadfence();
     __syncthreads();
     find_bucket(sh, nb, need, scratch + 40, scratch);
     if (threadIdx.x == 0) {
@@ -268,11 +294,10 @@ __device__ void hist_pass(const void* row, int lo, int hi, int pass, int* cr, in
         cr[C_NEED] = nneed;
         cr[C_ABOVE] = nabove;
         cr[C_PASS] = pass + 1;
-        cr[C_ROUNDS] = cr[C_ROUNDS] + 1;
+        cr[C_ROUNDS] = __ldcg(&cr[C_ROUNDS]) + 1;
         cr[C_LO] = (int)np;
         cr[C_COUNT] = count_ge;
-        cr[C_STATUS] = pass == 2 ? ST_EXACT : (count_ge <= cap ? ST_COMPACT : ST_SEARCH);
-        cr[C_ARRIVED] = 0;
+        publish(cr, pass == 2 ? ST_EXACT : (count_ge <= cap ? ST_COMPACT : ST_SEARCH));
     }
 }
 
@@ -296,18 +321,17 @@ __global__ void __launch_bounds__(512) step_kernel(
     int lo = c * chunk, hi = lo + chunk < len ? lo + chunk : len;
     if (lo > hi) lo = hi;
     if (status == ST_SEARCH) {
-        hist_pass<DT>(row, lo, hi, __ldcg(&cr[C_PASS]), cr, ghist + (long long)b * HIST_BINS, S,
-                      cap, sh, scratch);
+        const int pass = __ldcg(&cr[C_PASS]);
+        int* gh = ghist + (long long)b * HIST_BINS;
+        hist_count<DT>(row, lo, hi, pass, (u32)__ldcg(&cr[C_PREFIX]), gh, sh);
+        if (last_to_arrive(cr, S, scratch + 48)) pass_decide(pass, cr, gh, cap, sh, scratch);
     } else {
         u32 lo_key = (u32)__ldcg(&cr[C_LO]);
         int2* my = seg + ((long long)b * S + c) * segcap;
         int cnt = block_compact<DT, false>(row, lo, hi, lo_key, my, segcap, nullptr, nullptr,
                                            scratch);
         if (threadIdx.x == 0) segcnt[b * S + c] = cnt;
-        if (last_to_arrive(cr, S, scratch + 48) && threadIdx.x == 0) {
-            cr[C_STATUS] = ST_READY;
-            cr[C_ARRIVED] = 0;
-        }
+        if (last_to_arrive(cr, S, scratch + 48) && threadIdx.x == 0) publish(cr, ST_READY);
     }
 }
 
@@ -480,11 +504,56 @@ __device__ void row_end(int* oi, void* ov, int kk, int k, int* s, u32 t, u32 acc
     }
 }
 
+// The steps of a row that the counting pass did not settle, by helper h of H blocks of the
+// finishing launch (every block of that launch holds an SM of its own, so all are resident at
+// once and may wait on each other). The helper takes chunks [c0, c1) of the row's S (contiguous:
+// one sweep for a digit pass, and one arrival for all of them), does what the status says, then
+// waits for the step's outcome (the generation after the one it saw) and goes on until the row
+// is ready: the separate step launches' work without their launches.
+template <int DT>
+__device__ void helper_steps(const void* row, int len, int chunk, int S, int cap, int segcap,
+                             int* cr, int* ghist, int2* seg, int* segcnt, int h, int H, int* sh,
+                             int* scratch) {
+    const int c0 = h * S / H, c1 = (h + 1) * S / H;
+    if (c0 == c1) return;
+    const int lo = c0 * chunk < len ? c0 * chunk : len, hi = c1 * chunk < len ? c1 * chunk : len;
+    for (;;) {
+        if (threadIdx.x == 0) {
+            scratch[90] = load_acquire(&cr[C_GEN]);  // then the status of that outcome or later
+            scratch[91] = __ldcg(&cr[C_STATUS]);
+        }
+        __syncthreads();
+        const int gen = scratch[90], status = scratch[91];
+        if (status != ST_SEARCH && status != ST_COMPACT) return;
+        if (status == ST_SEARCH) {
+            const int pass = __ldcg(&cr[C_PASS]);
+            hist_count<DT>(row, lo, hi, pass, (u32)__ldcg(&cr[C_PREFIX]), ghist, sh);
+            if (last_to_arrive(cr, S, scratch + 48, c1 - c0))
+                pass_decide(pass, cr, ghist, cap, sh, scratch);
+        } else {
+            const u32 lo_key = (u32)__ldcg(&cr[C_LO]);
+            for (int c = c0; c < c1; ++c) {
+                const int a = c * chunk < len ? c * chunk : len;
+                const int e = a + chunk < len ? a + chunk : len;
+                int cnt = block_compact<DT, false>(row, a, e, lo_key, seg + (long long)c * segcap,
+                                                   segcap, nullptr, nullptr, scratch);
+                if (threadIdx.x == 0) segcnt[c] = cnt;
+                __syncthreads();
+            }
+            if (last_to_arrive(cr, S, scratch + 48, c1 - c0) && threadIdx.x == 0)
+                publish(cr, ST_READY);
+        }
+        if (threadIdx.x == 0)
+            while (load_acquire(&cr[C_GEN]) == gen) __nanosleep(64);
+        __syncthreads();
+    }
+}
+
 template <int DT>
 __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas caps it at 32 regs)
     const void* scores, long long stride, const int* lengths, int n, int k, int S, int segcap,
-    int short_max, int multi, int keys_words, const int* ctrl, const int2* seg, const int* segcnt,
-    int* out_idx, void* out_val, int* state, int state_words) {
+    int short_max, int multi, int keys_words, int* ctrl, int2* seg, int* segcnt, int* out_idx,
+    void* out_val, int* state, int state_words, int chunk, int cap, int helpers, int* ghist) {
     extern __shared__ __align__(16) int smem[];
     int* hist = smem;                   // HIST_BINS
     int* scratch = hist + HIST_BINS;    // SCRATCH_WORDS
@@ -494,16 +563,31 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
                   (int*)(keys + keys_words + BUF_WORDS + BUF_WORDS / 4),  // 64 counts
                   BUF_WORDS};
     grid_dependency_wait();
-    int b = blockIdx.x;
+    int b = blockIdx.y;  // blockIdx.x: 0 the finishing block, 1..helpers the row's helpers
     int len = row_length(lengths, b, n);
     int kk = k < len ? k : len;
-    const int* cr = ctrl + (long long)b * CTRL_WORDS;
+    int* cr = ctrl + (long long)b * CTRL_WORDS;
     const void* row = (const char*)scores + (long long)b * stride * (DT == 0 ? 4 : 2);
+    const bool long_row = len > short_max && kk > 0 && multi;
+    if (blockIdx.x > 0) {
+        if (long_row)
+            helper_steps<DT>(row, len, chunk, S, cap, segcap, cr, ghist + (long long)b * HIST_BINS,
+                             seg + (long long)b * S * segcap, segcnt + b * S, blockIdx.x - 1,
+                             helpers, hist, scratch);
+        return;
+    }
+    if (long_row && helpers > 0) {  // wait for the helpers' outcome
+        if (threadIdx.x == 0) {
+            int s = load_acquire(&cr[C_STATUS]);
+            for (; s == ST_SEARCH || s == ST_COMPACT; s = load_acquire(&cr[C_STATUS]))
+                __nanosleep(64);
+        }
+        __syncthreads();
+    }
     int* oi = out_idx + (long long)b * k;
     void* ov = (char*)out_val + (long long)b * k * (DT == 0 ? 4 : 2);
     // a long row's status and segment counts, loaded together (the counts are read only when
     // the status says READY)
-    const bool long_row = len > short_max && kk > 0 && multi;
     const int cnt = long_row && (int)threadIdx.x < S ? __ldcg(&segcnt[b * S + threadIdx.x]) : 0;
     const int status = long_row ? __ldcg(&cr[C_STATUS]) : -1;
     // the counting pass's thresholds and counts for the state (used where rounds > 0), early
@@ -560,7 +644,7 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
                     int mid = (lo + hi + 1) >> 1;
                     if (pfx[mid] <= p) lo = mid; else hi = mid - 1;
                 }
-                int2 e = seg[((long long)b * S + lo) * segcap + (p - pfx[lo])];
+                int2 e = __ldcg(&seg[((long long)b * S + lo) * segcap + (p - pfx[lo])]);
                 u = (u32)e.x;
                 keys[p] = u;
                 ix[p] = e.y;
@@ -579,13 +663,13 @@ __global__ void __launch_bounds__(1024, 1) finish_kernel(  // (1: else ptxas cap
                     scratch, &t, &ties, true);
         block_emit<DT>(src, total, t, ties, oi, ov, row, scratch, nullptr);
     } else if (status == ST_EXACT) {  // T known, more than cap keys at it: from the row
-        t = (u32)cr[C_PREFIX];
-        ties = cr[C_NEED];
+        t = (u32)__ldcg(&cr[C_PREFIX]);
+        ties = __ldcg(&cr[C_NEED]);
         GlobalRow<DT> src{row};
         block_emit<DT>(src, len, t, ties, oi, ov, row, scratch, nullptr);
         acc_key = t;
-        acc_count = cr[C_COUNT];
-        rounds = cr[C_ROUNDS];
+        acc_count = __ldcg(&cr[C_COUNT]);
+        rounds = __ldcg(&cr[C_ROUNDS]);
     }
     row_end<DT>(oi, ov, kk, k, state == nullptr ? nullptr : state + (long long)b * state_words,
                 t, acc_key, acc_count, rounds, tried, len);

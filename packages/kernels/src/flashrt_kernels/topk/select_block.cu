@@ -26,9 +26,11 @@
 //       2. one pass counts eight thresholds from L upward exactly and compacts the keys >= L into
 //          per-block segments (`count_kernel`). If that admits between k and `cap` keys the
 //          candidates are ready; if another threshold does, the next launch compacts at it;
-//       3. otherwise (`step_kernel`, three launches, no-ops for rows already done) digit passes
-//          over the row narrow the K-th key's bucket until it and everything above it hold at
-//          most `cap` keys, which one more step compacts;
+//       3. otherwise digit passes over the row narrow the K-th key's bucket until it and
+//          everything above it hold at most `cap` keys, which one more step compacts: run by
+//          helper blocks of the finishing launch where it fits one block an SM (they and the
+//          finishing block wait for each step's published outcome), else by `step_kernel`
+//          (three launches, no-ops for rows already done);
 //   - the finishing block (one per row) ranks the candidates in shared memory, or, when even the
 //     last digit pass left more than `cap` keys tied at T, writes the selection from the row.
 // It writes the selection in ascending index order, the pads, and the state.
@@ -44,6 +46,7 @@
 #define C_ARRIVED 7  // blocks of the row done with the current launch
 #define C_ROUNDS 8   // counting passes over the row so far
 #define C_MAX 9      // the row's largest key (bound_kernel)
+#define C_GEN 10     // publications of a step's outcome (helper blocks wait for the next one)
 #define C_TRIED 16   // 8 keys (unsigned) then 8 exact counts
 
 #define ST_SEARCH 0   // next step: another digit pass
