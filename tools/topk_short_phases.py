@@ -31,14 +31,14 @@ from topk_timeline import _patch  # noqa: E402  (edits inside one kernel's defin
 PRELUDE = r"""
 __device__ long long g_stamp[16];
 __device__ long long g_wall[2];
-#define STAMP(i) do { __syncthreads(); if (threadIdx.x == 0 && blockIdx.x == 0) g_stamp[i] = clock64(); } while (0)
-#define WALL(i) do { if (threadIdx.x == 0 && blockIdx.x == 0) { long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); g_wall[i] = t_; } } while (0)
+#define STAMP(i) do { __syncthreads(); if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) g_stamp[i] = clock64(); } while (0)
+#define WALL(i) do { if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) { long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); g_wall[i] = t_; } } while (0)
 """
 # (line of the source, the same with a stamp): phases end at stamps 1..7
 STAMPS = [
     (
-        "    grid_dependency_wait();\n    int b = blockIdx.x;",
-        "    grid_dependency_wait();\n    WALL(0);\n    STAMP(0);\n    int b = blockIdx.x;",
+        "    grid_dependency_wait();\n    int b = blockIdx.y;",
+        "    grid_dependency_wait();\n    WALL(0);\n    STAMP(0);\n    int b = blockIdx.y;",
     ),
     (
         "    if (DT == 0) cp_async_wait_all();\n    __syncthreads();",

@@ -45,7 +45,8 @@ __device__ __forceinline__ unsigned long long now_ns() {{
 #define EV(i) do {{ if (threadIdx.x == 0) g_ev[i] = now_ns(); }} while (0)
 #define EV0(i) do {{ if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) \
     g_ev[i] = now_ns(); }} while (0)
-#define EVSYNC(i) do {{ __syncthreads(); if (threadIdx.x == 0 && blockIdx.x == 0) \
+#define EVSYNC(i) do {{ __syncthreads(); if (threadIdx.x == 0 && blockIdx.x == 0 && \
+    blockIdx.y == 0) \
     g_ev[i] = now_ns(); }} while (0)
 """
 WAIT = "    grid_dependency_wait();\n"
