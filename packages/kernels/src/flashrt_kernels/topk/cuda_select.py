@@ -218,7 +218,9 @@ def step_helpers(b: int, s: int, device: torch.device) -> int:
     them all resident at once, which lets the finishing block wait for its helpers and the helpers
     for each other between digit passes (no launch between the steps: settled rows then cost no
     step launch at all). Helpers: as many as the SMs allow (at most the row's S chunks), where that
-    is at least ``MIN_HELPERS``; fewer would read a row in the passes slower than the launches."""
+    is at least ``MIN_HELPERS``; fewer would read a row in the passes slower than the launches.
+    (Where fewer SMs are usable than the device has -- MPS with a thread limit, green contexts --
+    the launch could wait forever: ``launch(..., helpers=False)`` there; docs/kernels/topk.md.)"""
     h = min(sm_count(device.index or 0) // max(b, 1) - 1, s)
     return h if s and h >= MIN_HELPERS else 0
 
