@@ -62,7 +62,7 @@ def _gqa_step(config, masks=("causal", "bool")):
                          workspace=torch.empty(workspace_numel(bsz, q_max, hq, hkv, d, cap)))  # fmt: skip
 
 
-def _gqa_decode(hq, hkv):
+def _gqa_decode(hq, hkv, config=None):
     """A decode step (B = 8, q = 1, d = 128) at ``hq`` / ``hkv`` heads: the narrow tiles and the
     split combine of the model's ``TARGET`` (64 slots at 32/8)."""
     from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
@@ -73,7 +73,8 @@ def _gqa_decode(hq, hkv):
     k = _empty(bsz, cap, hkv, d)
     launch_gqa_tiles(_empty(bsz, 1, hq, d), k, k, _empty(bsz, 1, hq, d), lens, lens,
                      q_starts=None, cache_rows=None, mask=None, mask_mode=0, q_max=1, split=True,
-                     scale=0.1, workspace=torch.empty(workspace_numel(bsz, 1, hq, hkv, d, cap)))  # fmt: skip
+                     scale=0.1, workspace=torch.empty(workspace_numel(bsz, 1, hq, hkv, d, cap)),
+                     config=config)  # fmt: skip
 
 
 def _invariant(config, bits: bool = False):
@@ -110,6 +111,12 @@ CASES = {
     "gqa step, wide tiles with pointer loads": lambda: _gqa_step({"wide": {"TMA": False}}),
     "gqa step, bit rows after chains": lambda: _gqa_step(None, ("chain",)),
     "gqa decode, 32/8 heads": lambda: _gqa_decode(32, 8),
+    "gqa step, the split merge in the tile launch": lambda: _gqa_step(
+        {"MERGE": True}, ("causal", "bool", "chain")
+    ),
+    "gqa decode 16/2 and 32/8, the split merge": lambda: [
+        _gqa_decode(h, kv, {"MERGE": True}) for h, kv in ((16, 2), (32, 8))
+    ],
     "invariant (causal chain, tree as a bool mask)": lambda: _invariant({}),
     "invariant (causal chain, tree as bit rows)": lambda: _invariant({}, bits=True),
     "invariant, causal node steps": lambda: _invariant({"CAUSAL_TILE_STEPS": False}),

@@ -341,6 +341,97 @@ def test_pdl_combine_gives_the_plain_launch_bits():
         assert not outs[1].isnan().any()
 
 
+def _merge_and_combine(q, k, v, cl, ql, mask, q_max, cfg=None):
+    """``launch_gqa_tiles`` (split, bool tree mask) with the merge in the tile launch (the
+    default, or ``cfg``) and with the combine launch; outputs start as NaN. Returns both, and
+    the ticket buffer the merge used."""
+    from flashrt_kernels.arrival import tickets
+    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+
+    hq, d = q.shape[2], q.shape[3]
+    cap, hkv = k.shape[1], k.shape[2]
+    outs = []
+    for merge in (True, False):
+        geo = {**(cfg or {}), "MERGE": merge}
+        ws = torch.empty(workspace_numel(q.shape[0], q_max, hq, hkv, d, cap, geo), device=q.device)
+        out = torch.full_like(q, float("nan"))
+        launch_gqa_tiles(q, k, v, out, cl, ql, q_starts=None, cache_rows=None,
+                         mask=mask.view(torch.uint8), mask_mode=1, q_max=q_max, split=True,
+                         workspace=ws, scale=d**-0.5, config=geo)  # fmt: skip
+        outs.append(out)
+    return outs[0], outs[1], tickets(q.device, 1)
+
+
+def _check_merge(merged, combined, want, v, ql):
+    from flashrt_kernels.testing import assert_faithful
+
+    tol = {"rtol": 2.0**-7, "atol": 2.0**-7 * float(v.float().abs().max())}
+    assert_faithful(merged.float().cpu(), want.float().cpu(), **tol, what="merge vs reference")
+    assert_faithful(merged.float().cpu(), combined.float().cpu(), **tol,
+                    what="merge vs combine")  # fmt: skip
+    for b, n in enumerate(ql.tolist()):
+        assert not merged[b, :n].isnan().any(), f"row {b}: a live slot not written"
+        assert torch.equal(merged[b, n:], torch.zeros_like(merged[b, n:])), f"row {b}: dead slots"
+
+
+def test_merge_in_the_tile_launch_matches_the_combine():
+    """The last split program of a tile merges the partials (no combine launch): faithful to the
+    reference and to the combine; every dead query slot is zero, written by the launch that
+    owns it (a narrow row's slots past the narrow tiles by the wide launch); a row's bits are
+    the same alone as in the batch; the tickets are left at zero for the next call."""
+    from flashrt_kernels.testing import assert_exact
+
+    g = torch.Generator().manual_seed(3)
+    hq, hkv, d, q_max, cap = 8, 2, 64, 12, 320
+    q = torch.randn(4, q_max, hq, d, generator=g).to(BF16)
+    k = torch.randn(4, cap, hkv, d, generator=g).to(BF16)
+    v = torch.randn(4, cap, hkv, d, generator=g).to(BF16)
+    # a q = 1 row, a dead row, a narrow row of 5 queries (20 tile rows; slots 5..11 reach past
+    # the 32 narrow rows) and a wide row (48 tile rows), over several splits each
+    cl, ql = _lens(300, 40, 250, 200), _lens(1, 0, 5, 12)
+    mask = torch.stack([random_tree_mask(q_max, 4, s) for s in range(4)])
+    cfg = {"MIN_CHUNK": 16, "QUERY_CHUNK_FLOOR": 64, "QUERY_CHUNK_CAP": 64}
+    merged, combined, tix = _merge_and_combine(q, k, v, cl, ql, mask, q_max, cfg)
+    want = reference.gqa_attention(q, k, v, cl, ql, tree_mask=mask)
+    _check_merge(merged, combined, want, v, ql)
+    assert not tix.any(), "tickets left non-zero"
+    for b in range(4):
+        alone, _, _ = _merge_and_combine(q[b : b + 1], k[b : b + 1], v[b : b + 1], cl[b : b + 1],
+                                         ql[b : b + 1], mask[b : b + 1], q_max, cfg)  # fmt: skip
+        assert_exact(alone[0], merged[b], what=f"row {b} alone vs in the batch")
+
+
+@pytest.mark.gpu
+def test_merge_in_the_tile_launch_matches_the_combine_gpu():
+    """The same at real shapes (both model shapes, L to 9k, a 24-node tree beside q = 1 rows, a
+    dead row), eagerly and replayed in a CUDA graph (the same bits)."""
+    from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
+
+    dev = "cuda"
+    for hq, hkv in ((16, 2), (32, 8)):
+        q = torch.randn(5, 24, hq, 128, dtype=BF16, device=dev)
+        k = torch.randn(5, 9000, hkv, 128, dtype=BF16, device=dev)
+        v = torch.randn_like(k)
+        cl = torch.tensor([8900, 0, 2047, 300, 4000], dtype=torch.int32, device=dev)
+        ql = torch.tensor([1, 0, 24, 1, 3], dtype=torch.int32, device=dev)
+        mask = torch.stack([random_tree_mask(24, 8, s) for s in range(5)]).to(dev)
+        merged, combined, tix = _merge_and_combine(q, k, v, cl, ql, mask, 24)
+        want = reference.gqa_attention(q, k, v, cl, ql, tree_mask=mask)
+        _check_merge(merged, combined, want, v, ql.cpu())
+        assert not tix.any(), "tickets left non-zero"
+        out = torch.full_like(q, float("nan"))
+        ws = torch.empty(workspace_numel(5, 24, hq, hkv, 128, 9000), device=dev)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch_gqa_tiles(q, k, v, out, cl, ql, q_starts=None, cache_rows=None,
+                             mask=mask.view(torch.uint8), mask_mode=1, q_max=24, split=True,
+                             workspace=ws, scale=128**-0.5, config={"MERGE": True})  # fmt: skip
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, merged)
+
+
 @pytest.mark.parametrize(
     "cfg",
     [None, {"QUERY_CHUNK_FLOOR": 512}, {"WIDE_KEYS_PER_ROW": 4, "QUERY_CHUNK_FLOOR": 2048},

@@ -111,11 +111,12 @@ def _integers(*shape, seed=0, lo=-4, hi=5):
 
 @pytest.mark.parametrize("split", [2, 3, 5])
 def test_split_k_last_arrival_adds_every_partial(split):
-    """Split K in one launch (``gemm.arrival``): the last split program of each tile adds all the
+    """Split K in one launch (``flashrt_kernels.arrival``): the last split program of each tile adds all the
     partials, on every tile, call after call (the tickets go back to zero). Integer-valued inputs
     make every fp32 / int64 sum exact, so any lost or doubled partial changes the result; K = 768
     with split 5 leaves empty splits (granule 256), W4A8 at K = 640 too (5 groups)."""
-    from flashrt_kernels.gemm import arrival, reference
+    from flashrt_kernels import arrival
+    from flashrt_kernels.gemm import reference
 
     x, w = _integers(19, 768, seed=split), _integers(70, 768, seed=split + 1)
     cfg = {"BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 1}

@@ -6,7 +6,9 @@ that share the KV head and as many query tokens as fit (row ``r`` of a row's til
 cover a batch: 16-row tiles for rows with at most ``NARROW_ROWS`` tile rows, wide tiles (warpgroup
 MMA) for the others; each program leaves the rows of the other class alone (``splits`` has the
 geometry). A row of one split writes its output directly; the combine pass merges the others'
-splits in a fixed order and writes the zeros of dead query slots.
+splits in a fixed order and writes the zeros of dead query slots. With the geometry's ``MERGE``
+(off by default until timed on a GPU) there is no combine pass: the last split program of a tile
+to arrive merges its partials (``flashrt_kernels.arrival``), and the tiles write the zeros.
 
 Batch invariance (contract ``exact`` across batch compositions): a row's class, split size and
 tiles are functions of that row's own live extent and query count only, and tiles, splits and the
@@ -30,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashrt_kernels.arrival import arrived_last, tickets
 from flashrt_kernels.attention.splits import (
     MAX_DOUBLINGS,
     NARROW_ROWS,
@@ -162,14 +165,14 @@ def _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST: tl.constexpr):
 
 @triton.jit
 def gqa_tile_kernel(
-    Q, K, V, KDesc, VDesc, Out, Opart, Mpart, Lpart,
+    Q, K, V, KDesc, VDesc, Out, Opart, Mpart, Lpart, Tickets,
     CacheLens, QLens, QStarts, Rows, Mask, Chain,
     stride_qb, stride_qt, stride_qh,
     stride_kr, stride_kn, stride_kh,
     stride_vr, stride_vn, stride_vh,
     stride_ob, stride_ot, stride_oh,
     stride_mb, stride_mi,
-    capacity, slots, n_kv_heads, qk_scale,
+    capacity, slots, n_kv_heads, qk_scale, ticket_base, q_max,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     TAIL_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_MODE: tl.constexpr, SPLIT: tl.constexpr, PACKED: tl.constexpr,
     HAS_ROWS: tl.constexpr, UPCAST: tl.constexpr, ROW_CLASS: tl.constexpr,
@@ -178,7 +181,8 @@ def gqa_tile_kernel(
     QUERY_CHUNK_FLOOR: tl.constexpr, QUERY_SPLITS: tl.constexpr, DOUBLINGS: tl.constexpr,
     ALIGN: tl.constexpr,
     PDL: tl.constexpr, ONE_LOOP: tl.constexpr, TMA: tl.constexpr = False,
-    HAS_CHAIN: tl.constexpr = False,
+    HAS_CHAIN: tl.constexpr = False, MERGE: tl.constexpr = False, MERGE_SLOTS: tl.constexpr = 1,
+    MERGE_CHUNK: tl.constexpr = 1, MERGE_COLS: tl.constexpr = 16, MERGE_STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max], over
     the nodes after each row's causal chain of ``Chain[b]`` new tokens with ``HAS_CHAIN`` (tiles
@@ -193,7 +197,15 @@ def gqa_tile_kernel(
     instead of an unmasked and a masked one).
     TMA: the unmasked blocks (committed keys, all below the extent) load through the tensor
     descriptors ``KDesc`` / ``VDesc`` over ``[rows * capacity, kv_heads * HEAD_DIM]`` (otherwise
-    they are ``K`` / ``V`` again, unused); masked blocks keep bounded pointer loads."""
+    they are ``K`` / ``V`` again, unused); masked blocks keep bounded pointer loads.
+    MERGE (split launches): no combine pass. A split program stores its partial and takes the
+    tile's ticket (``Tickets[ticket_base + bh * tiles + tile]``); the last of the row's splits to
+    arrive merges them in split order (``_merge_tile``: the weights over ``MERGE_SLOTS`` slots,
+    then ``MERGE_CHUNK`` partials of ``MERGE_COLS`` columns at a time in a loop of
+    ``MERGE_STAGES`` stages) and writes the output. The split-0 program of each
+    tile writes the zeros of its dead query slots (below ``q_max``) that belong to this launch:
+    every dead slot of its own class's rows, and for the wide launch also the narrow rows' slots
+    past the narrow tiles (``NARROW`` rows)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
@@ -298,8 +310,70 @@ def gqa_tile_kernel(
                          mask=row_live[:, None] & d_ok[None, :])  # fmt: skip
                 tl.store(Mpart + slot, m_i, mask=row_live)
                 tl.store(Lpart + slot, l_i, mask=row_live)
+                if MERGE:
+                    ticket = ticket_base + bh * tl.num_programs(0) + tile
+                    if arrived_last(Tickets, ticket, n_splits):
+                        _merge_tile(Opart, Mpart, Lpart, Out, o_rows, b, qi, head, row_live,
+                                    q_len * (G * n_kv_heads), n_splits, slots,
+                                    G * n_kv_heads, HEAD_DIM, BLOCK_D, MERGE_SLOTS,
+                                    MERGE_CHUNK, MERGE_COLS, MERGE_STAGES, UPCAST)  # fmt: skip
         else:
             _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST)
+    if MERGE:
+        if split == 0:
+            dead = (qi >= q_len) & (qi < q_max)
+            if q_len * G <= NARROW:
+                if ROW_CLASS == 2:  # a narrow row: its slots past the narrow tiles
+                    dead = dead & (r >= NARROW)
+            elif ROW_CLASS == 1:  # a wide row: the wide launch writes its slots
+                dead = dead & (r < 0)
+            if tl.max(dead.to(tl.int32), 0) != 0:
+                zero = tl.zeros((BLOCK_M, BLOCK_D), dtype=Out.dtype.element_ty)
+                tl.store(Out + o_rows[:, None] + d[None, :], zero,
+                         mask=dead[:, None] & d_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def _merge_tile(Opart, Mpart, Lpart, Out, o_rows, b, qi, head, row_live, step, n_splits, slots,
+                n_q_heads, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
+                CHUNK: tl.constexpr, COLS: tl.constexpr, STAGES: tl.constexpr,
+                UPCAST: tl.constexpr):  # fmt: skip
+    """A tile's ``n_splits`` partials (split ``s`` of row ``r`` at slot ``base[r] + s * step``)
+    merged in split order and written: the weights and their sum over ``SLOTS`` slots at once,
+    then, ``COLS`` output columns at a time, the weighted outputs ``CHUNK`` splits at a time (so
+    few registers stay live), through a loop of ``STAGES`` software-pipeline stages. Every load
+    bypasses the L1 (other programs wrote the partials): plain loads are ``.cg``; a pipelined
+    loop loads only the outputs (16-byte copies, L2 only) and picks a chunk's weights from the
+    registers (a sum of one weight and zeros, exact). A function of the row's split count only."""
+    base = (b.to(tl.int64) * slots + qi) * n_q_heads + head
+    s = tl.arange(0, SLOTS)
+    ok = (s[:, None] < n_splits) & row_live[None, :]
+    slot = base[None, :] + s[:, None].to(tl.int64) * step
+    m = tl.load(Mpart + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    m_all = tl.max(m, 0)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w_all = tl.exp2(m - m_safe[None, :])
+    lp = tl.load(Lpart + slot, mask=ok, other=0.0, cache_modifier=".cg")
+    l_all = tl.sum(w_all * lp, 0)
+    c = tl.arange(0, CHUNK)
+    for c0 in tl.static_range(0, BLOCK_D, COLS):
+        d = c0 + tl.arange(0, COLS)
+        d_ok = d < HEAD_DIM
+        acc = tl.zeros((base.shape[0], COLS), tl.float32)
+        for j in tl.range(0, n_splits, CHUNK, num_stages=STAGES):
+            c_ok = ((j + c)[:, None] < n_splits) & row_live[None, :]
+            c_slot = base[None, :] + (j + c)[:, None].to(tl.int64) * step
+            if STAGES == 1:
+                w = tl.exp2(tl.load(Mpart + c_slot, mask=c_ok, other=float("-inf"),
+                                    cache_modifier=".cg") - m_safe[None, :])  # fmt: skip
+            else:  # (a pipelined 4-byte load would be an L1-cached copy)
+                pick = s[None, :, None] == (j + c)[:, None, None]
+                w = tl.sum(tl.where(pick, w_all[None, :, :], 0.0), 1)
+            o = tl.load(Opart + c_slot[:, :, None] * HEAD_DIM + d[None, None, :],
+                        mask=c_ok[:, :, None] & d_ok[None, None, :], other=0.0,
+                        cache_modifier=".cg")  # fmt: skip
+            acc += tl.sum(w[:, :, None] * o, 0)
+        _store_out(Out, o_rows, acc, l_all, row_live, d, d_ok, UPCAST)
 
 
 @triton.jit
@@ -487,13 +561,18 @@ def launch_gqa_tiles(
     smb = mask.stride(0) if mask is not None else 0
     smi = mask.stride(1) if mask is not None else 0
     chunks = {**{key: cfg[key] for key in RULE_KEYS}, "DOUBLINGS": MAX_DOUBLINGS}
-    pdl = split and cfg["PDL"] and pdl_supported(q.device)
+    merge = split and cfg["MERGE"]
+    pdl = split and not merge and cfg["PDL"] and pdl_supported(q.device)
+    n_tickets = sum(n_tiles for *_, n_tiles in launches) * bsz * hkv
+    ticket_buf = tickets(q.device, n_tickets) if merge else cache_lens
+    ticket_base = 0
     for name, row_class, n_splits, n_tiles in launches:
         tiles = cfg[name]
+        merge_slots = triton.next_power_of_2(n_splits)
         descs = kv_descriptors(k_cache, v_cache, tiles["BLOCK_N"]) if tiles.get("TMA") else None
         k_desc, v_desc = descs or (k_cache, v_cache)
         gqa_tile_kernel[(n_tiles, n_splits, bsz * hkv)](
-            q, k_cache, v_cache, k_desc, v_desc, out, opart, mpart, lpart,
+            q, k_cache, v_cache, k_desc, v_desc, out, opart, mpart, lpart, ticket_buf,
             cache_lens, q_lens if q_lens is not None else cache_lens,
             q_starts if packed else cache_lens,
             cache_rows if cache_rows is not None else cache_lens, mask_arg,
@@ -502,19 +581,23 @@ def launch_gqa_tiles(
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             sob, sot, soh, smb, smi,
-            cap, slots, hkv, scale * LOG2E,
+            cap, slots, hkv, scale * LOG2E, ticket_base, q_max,
             HEAD_DIM=d, G=group, BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"],
             TAIL_N=min(tiles["BLOCK_N"],
                        max(16, tiles.get("MASKED_ELEMENTS", MASKED_ELEMENTS) // tiles["BLOCK_M"])),
             BLOCK_D=block_d, MASK_MODE=mask_mode, SPLIT=split, PACKED=packed,
             HAS_ROWS=cache_rows is not None, UPCAST=upcast, ROW_CLASS=row_class,
             NARROW=NARROW_ROWS, ALIGN=align, PDL=pdl, ONE_LOOP=tiles.get("ONE_LOOP", False),
-            TMA=descs is not None, HAS_CHAIN=chain_lens is not None,
+            TMA=descs is not None, HAS_CHAIN=chain_lens is not None, MERGE=merge,
+            MERGE_SLOTS=merge_slots, MERGE_CHUNK=min(tiles.get("MERGE_CHUNK", 1), merge_slots),
+            MERGE_COLS=min(tiles.get("MERGE_COLS", block_d), block_d),
+            MERGE_STAGES=tiles.get("MERGE_STAGES", 1),
             **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
             **maxnreg_kwargs(tiles.get("MAXNREG")), enable_fp_fusion=True,
         )  # fmt: skip
-    if split:
+        ticket_base += n_tiles * bsz * hkv
+    if split and not merge:
         # one warp a program: its slot reduction stays within the warp (4 warps reduced across
         # warps through shared memory: tree calls 1.02-1.49x slower on an H100,
         # docs/kernels/attention.md, "The split combine by split count, one warp a program")

@@ -23,14 +23,16 @@ NARROW_ROWS = 32
 # ONE_LOOP: the narrow tiles take every key block through the masked loop (one software
 # pipeline instead of two): 0.96x the time in geomean over the 12 decode cells at 16/2 heads
 # and 0.99x at 32/8 on an H100 (docs/kernels/attention.md, 2026-12-05).
-NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ONE_LOOP": True}
+NARROW = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ONE_LOOP": True,
+          "MERGE_CHUNK": 4, "MERGE_COLS": 32}  # fmt: skip
 # 64-row wide tiles with 4 warps beat 128 rows with 8 warps on the H200 (90 vs 118 us, 24-node
 # trees at L=8k); 3 stages beat 2 on an H100 with the separate combine (trees 1.14x, replay-shaped
 # steps 1.07-1.13x; docs/kernels/attention.md, 2026-12-06)
 # TMA: committed (unmasked) K/V blocks load through tensor descriptors where the pool allows it
 # (``gqa_kernels.kv_descriptors``): no per-element addresses; replay-shaped steps 1.09-1.15x and
 # trees 1.01-1.15x on an H100 (docs/kernels/attention.md, 2026-12-06).
-WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": True}
+WIDE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": True,
+        "MERGE_CHUNK": 1, "MERGE_COLS": 32}  # fmt: skip
 PREFILL = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 # Split rule: at least MIN_CHUNK keys, at most TARGET splits, at least KEYS_PER_ROW keys per tile
 # row (bounds the partial traffic: KEYS_PER_ROW / 4 times the K/V bytes of the split at d=128).
@@ -53,7 +55,11 @@ FEW_KV_HEADS = 2
 FEW_KV_SPLITS = {"TARGET": 32, "narrow": {"num_stages": 3}}
 # The split combine starts as a programmatic dependent of the tile launch (sm90+; the bits do not
 # depend on it).
-LAUNCH = {"PDL": True}
+# MERGE: the last split program of a tile to arrive merges its partials instead of the combine
+# launch (``gqa_kernels.gqa_tile_kernel``). Off until it is timed against the combine on a GPU
+# (``tools/attention_merge_ab.py``; docs/kernels/attention.md, "The split merge in the tile
+# launch").
+LAUNCH = {"PDL": True, "MERGE": False}
 MAX_DOUBLINGS = 20
 # Query-invariant mode: one geometry for every query (constants of the contract: the bits depend
 # on all of them).

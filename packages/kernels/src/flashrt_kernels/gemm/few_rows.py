@@ -25,10 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
+from flashrt_kernels import arrival
+from flashrt_kernels.arrival import arrived_last
 from flashrt_kernels.backends import resolve_backend, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
-from flashrt_kernels.gemm import arrival, reference
-from flashrt_kernels.gemm.arrival import arrived_last
+from flashrt_kernels.gemm import reference
 from flashrt_kernels.gemm.fp8_linear import SMS
 from flashrt_kernels.quant.device import swiglu
 from flashrt_kernels.triton_helpers import cast_rne, to_f32

@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from flashrt_kernels import arrival
+from flashrt_kernels.arrival import arrived_last
 from flashrt_kernels.backends import resolve_backend, sm_count, triton_interpreter_active
 from flashrt_kernels.checks import check_tensor
-from flashrt_kernels.gemm import arrival
-from flashrt_kernels.gemm.arrival import arrived_last
 from flashrt_kernels.quant import reference as qref
 from flashrt_kernels.quant.fp4_tiles import dequant_tile
 from flashrt_kernels.triton_helpers import cast_rne, grouped_tile, to_f32
@@ -64,7 +64,7 @@ def _nvfp4_linear_kernel(
     """Y^T tile [BLOCK_N, BLOCK_M] = W tile (dequantized in registers, the dot's left operand)
     times A tile^T; A is NVFP4 codes dequantized here too (A_CODES) or already bf16. With SPLIT,
     program (tile, s) sums K from s * k_split to (s + 1) * k_split into fp32 workspace WS[s], and
-    the tile's last program to arrive adds them in split order (``gemm.arrival``)."""
+    the tile's last program to arrive adds them in split order (``flashrt_kernels.arrival``)."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

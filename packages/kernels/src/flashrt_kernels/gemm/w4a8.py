@@ -31,10 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
+from flashrt_kernels import arrival
+from flashrt_kernels.arrival import arrived_last
 from flashrt_kernels.backends import resolve_backend
 from flashrt_kernels.checks import check_out, check_tensor
-from flashrt_kernels.gemm import arrival, reference
-from flashrt_kernels.gemm.arrival import arrived_last
+from flashrt_kernels.gemm import reference
 from flashrt_kernels.quant import reference as qref
 from flashrt_kernels.quant.device import rne_small
 from flashrt_kernels.quant.int4 import Int4Weight
