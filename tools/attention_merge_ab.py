@@ -7,6 +7,10 @@ SDPA and the K/V-read floor beside the decode cells.
 
     python3 tools/attention_merge_ab.py --out FILE.json [--variants combine,merge,...] [--quick]
 
+(the merge's cost is about one round trip to L2 a split for the tile's last program, so the
+variants trade registers, pipelining and the split count: ``merge_t16`` halves the splits a
+long row takes)
+
 Each variant is a ``config`` override of ``splits.geometry``. Before timing, every variant's
 output of the cell's first input set is checked against the combine's (faithful bound of
 ``gqa_attention``: the merge adds the same partials in another order, so bits may move).
@@ -27,11 +31,14 @@ ON = {"MERGE": True}
 VARIANTS = {
     "combine": {"MERGE": False},
     "merge": ON,
-    "merge_c16x16": {**ON, "narrow": {"MERGE_CHUNK": 16, "MERGE_COLS": 16}},
-    "merge_c1x128": {**ON, "narrow": {"MERGE_CHUNK": 1, "MERGE_COLS": 128}},
     "merge_s3": {**ON, "narrow": {"MERGE_STAGES": 3}, "wide": {"MERGE_STAGES": 3}},
+    "merge_c16x16": {**ON, "narrow": {"MERGE_CHUNK": 16, "MERGE_COLS": 16}},
+    "merge_t16": {**ON, "TARGET": 16},
     "merge_wide_c2": {**ON, "wide": {"MERGE_CHUNK": 2}},
+    "merge_c1x128": {**ON, "narrow": {"MERGE_CHUNK": 1, "MERGE_COLS": 128}},
+    "merge_s4": {**ON, "narrow": {"MERGE_STAGES": 4}, "wide": {"MERGE_STAGES": 4}},
 }
+DEFAULT = "combine,merge,merge_s3,merge_c16x16,merge_t16,merge_wide_c2"
 
 
 def _check(call_outs, names, v_max):
@@ -47,7 +54,7 @@ def _check(call_outs, names, v_max):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=DEFAULT)
     ap.add_argument("--quick", action="store_true", help="L = 2k / 8k, B = 1 / 4 / 8 only")
     args = ap.parse_args()
 
