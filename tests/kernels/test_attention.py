@@ -374,11 +374,17 @@ def _check_merge(merged, combined, want, v, ql):
         assert torch.equal(merged[b, n:], torch.zeros_like(merged[b, n:])), f"row {b}: dead slots"
 
 
-def test_merge_in_the_tile_launch_matches_the_combine():
+@pytest.mark.parametrize(
+    "merge_cfg",
+    [{}, {"narrow": {"MERGE_CHUNK": 2, "MERGE_STAGES": 2}, "wide": {"MERGE_STAGES": 2}}],
+    ids=["plain", "pipelined"],
+)
+def test_merge_in_the_tile_launch_matches_the_combine(merge_cfg):
     """The last split program of a tile merges the partials (no combine launch): faithful to the
     reference and to the combine; every dead query slot is zero, written by the launch that
     owns it (a narrow row's slots past the narrow tiles by the wide launch); a row's bits are
-    the same alone as in the batch; the tickets are left at zero for the next call."""
+    the same alone as in the batch; the tickets are left at zero for the next call. Plain
+    loads, and the pipelined loop that picks each chunk's weights from the registers."""
     from flashrt_kernels.testing import assert_exact
 
     g = torch.Generator().manual_seed(3)
@@ -390,7 +396,7 @@ def test_merge_in_the_tile_launch_matches_the_combine():
     # the 32 narrow rows) and a wide row (48 tile rows), over several splits each
     cl, ql = _lens(300, 40, 250, 200), _lens(1, 0, 5, 12)
     mask = torch.stack([random_tree_mask(q_max, 4, s) for s in range(4)])
-    cfg = {"MIN_CHUNK": 16, "QUERY_CHUNK_FLOOR": 64, "QUERY_CHUNK_CAP": 64}
+    cfg = {"MIN_CHUNK": 16, "QUERY_CHUNK_FLOOR": 64, "QUERY_CHUNK_CAP": 64, **merge_cfg}
     merged, combined, tix = _merge_and_combine(q, k, v, cl, ql, mask, q_max, cfg)
     want = reference.gqa_attention(q, k, v, cl, ql, tree_mask=mask)
     _check_merge(merged, combined, want, v, ql)
