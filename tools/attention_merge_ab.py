@@ -8,8 +8,9 @@ SDPA and the K/V-read floor beside the decode cells.
     python3 tools/attention_merge_ab.py --out FILE.json [--variants combine,merge,...] [--quick]
 
 (the merge's cost is about one round trip to L2 a split for the tile's last program, so the
-variants trade registers, pipelining and the split count: ``merge_t16`` halves the splits a
-long row takes)
+variants trade registers, pipelining, groups (``merge_g4``: the last of each 4 splits merges
+them, the last group merges the groups) and the split count (``merge_t16`` halves the splits a
+long row takes))
 
 Each variant is a ``config`` override of ``splits.geometry``. Before timing, every variant's
 output of the cell's first input set is checked against the combine's (faithful bound of
@@ -37,8 +38,10 @@ VARIANTS = {
     "merge_wide_c2": {**ON, "wide": {"MERGE_CHUNK": 2}},
     "merge_c1x128": {**ON, "narrow": {"MERGE_CHUNK": 1, "MERGE_COLS": 128}},
     "merge_s4": {**ON, "narrow": {"MERGE_STAGES": 4}, "wide": {"MERGE_STAGES": 4}},
+    "merge_g4": {**ON, "narrow": {"MERGE_GROUP": 4}, "wide": {"MERGE_GROUP": 2}},
+    "merge_g8": {**ON, "narrow": {"MERGE_GROUP": 8}},
 }
-DEFAULT = "combine,merge,merge_s3,merge_c16x16,merge_t16,merge_wide_c2"
+DEFAULT = "combine,merge,merge_g4,merge_g8,merge_s3,merge_t16"
 
 
 def _check(call_outs, names, v_max):

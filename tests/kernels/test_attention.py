@@ -376,15 +376,20 @@ def _check_merge(merged, combined, want, v, ql):
 
 @pytest.mark.parametrize(
     "merge_cfg",
-    [{}, {"narrow": {"MERGE_CHUNK": 2, "MERGE_STAGES": 2}, "wide": {"MERGE_STAGES": 2}}],
-    ids=["plain", "pipelined"],
+    [
+        {},
+        {"narrow": {"MERGE_CHUNK": 2, "MERGE_STAGES": 2}, "wide": {"MERGE_STAGES": 2}},
+        {"narrow": {"MERGE_GROUP": 4}, "wide": {"MERGE_GROUP": 2}},
+    ],
+    ids=["plain", "pipelined", "grouped"],
 )
 def test_merge_in_the_tile_launch_matches_the_combine(merge_cfg):
     """The last split program of a tile merges the partials (no combine launch): faithful to the
     reference and to the combine; every dead query slot is zero, written by the launch that
     owns it (a narrow row's slots past the narrow tiles by the wide launch); a row's bits are
     the same alone as in the batch; the tickets are left at zero for the next call. Plain
-    loads, and the pipelined loop that picks each chunk's weights from the registers."""
+    loads, the pipelined loop that picks each chunk's weights from the registers, and splits
+    merged by groups first (the q = 1 row: 19 splits, groups of 4, the last one of 3)."""
     from flashrt_kernels.testing import assert_exact
 
     g = torch.Generator().manual_seed(3)

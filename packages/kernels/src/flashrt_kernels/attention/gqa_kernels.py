@@ -183,6 +183,7 @@ def gqa_tile_kernel(
     PDL: tl.constexpr, ONE_LOOP: tl.constexpr, TMA: tl.constexpr = False,
     HAS_CHAIN: tl.constexpr = False, MERGE: tl.constexpr = False, MERGE_SLOTS: tl.constexpr = 1,
     MERGE_CHUNK: tl.constexpr = 1, MERGE_COLS: tl.constexpr = 16, MERGE_STAGES: tl.constexpr = 1,
+    MERGE_GROUP: tl.constexpr = 0, MERGE_TICKETS: tl.constexpr = 1,
 ):  # fmt: skip
     """MASK_MODE: 0 causal, 1 bool/uint8 [B, q_max, q_max], 2 bit rows int64 [B, q_max], over
     the nodes after each row's causal chain of ``Chain[b]`` new tokens with ``HAS_CHAIN`` (tiles
@@ -202,7 +203,8 @@ def gqa_tile_kernel(
     tile's ticket (``Tickets[ticket_base + bh * tiles + tile]``); the last of the row's splits to
     arrive merges them in split order (``_merge_tile``: the weights over ``MERGE_SLOTS`` slots,
     then ``MERGE_CHUNK`` partials of ``MERGE_COLS`` columns at a time in a loop of
-    ``MERGE_STAGES`` stages) and writes the output. The split-0 program of each
+    ``MERGE_STAGES`` stages; with ``MERGE_GROUP``, by groups first: ``_merge_arrival``, and
+    ``MERGE_TICKETS`` tickets a tile) and writes the output. The split-0 program of each
     tile writes the zeros of its dead query slots (below ``q_max``) that belong to this launch:
     every dead slot of its own class's rows, and for the wide launch also the narrow rows' slots
     past the narrow tiles (``NARROW`` rows)."""
@@ -311,12 +313,12 @@ def gqa_tile_kernel(
                 tl.store(Mpart + slot, m_i, mask=row_live)
                 tl.store(Lpart + slot, l_i, mask=row_live)
                 if MERGE:
-                    ticket = ticket_base + bh * tl.num_programs(0) + tile
-                    if arrived_last(Tickets, ticket, n_splits):
-                        _merge_tile(Opart, Mpart, Lpart, Out, o_rows, b, qi, head, row_live,
-                                    q_len * (G * n_kv_heads), n_splits, slots,
-                                    G * n_kv_heads, HEAD_DIM, BLOCK_D, MERGE_SLOTS,
-                                    MERGE_CHUNK, MERGE_COLS, MERGE_STAGES, UPCAST)  # fmt: skip
+                    first = (b.to(tl.int64) * slots + qi) * (G * n_kv_heads) + head
+                    _merge_arrival(Opart, Mpart, Lpart, Out, Tickets,
+                                   ticket_base + (bh * tl.num_programs(0) + tile) * MERGE_TICKETS,
+                                   o_rows, first, q_len * (G * n_kv_heads), split, n_splits,
+                                   row_live, HEAD_DIM, BLOCK_D, MERGE_SLOTS, MERGE_GROUP,
+                                   MERGE_CHUNK, MERGE_COLS, MERGE_STAGES, UPCAST)  # fmt: skip
         else:
             _store_out(Out, o_rows, acc, l_i, row_live, d, d_ok, UPCAST)
     if MERGE:
@@ -334,21 +336,56 @@ def gqa_tile_kernel(
 
 
 @triton.jit
-def _merge_tile(Opart, Mpart, Lpart, Out, o_rows, b, qi, head, row_live, step, n_splits, slots,
-                n_q_heads, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
+def _merge_arrival(Opart, Mpart, Lpart, Out, Tickets, tix, o_rows, first, step, split, n_splits,
+                   row_live, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
+                   GROUP: tl.constexpr, CHUNK: tl.constexpr, COLS: tl.constexpr,
+                   STAGES: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """A split program's arrival after storing its partial (split ``s`` of a row at slot
+    ``first + s * step``), with the tile's tickets from ``Tickets[tix]``. ``GROUP`` 0: the last
+    of the ``n_splits`` to arrive merges them all. ``GROUP`` > 0: the splits arrive in groups of
+    ``GROUP`` (ticket ``tix + 1 + g``); the last of a group merges its splits into the slot of
+    the group's first split, then arrives at ``tix``, where the last group merges the groups'
+    partials (so the last program reads about ``GROUP + n_splits / GROUP`` partials, not
+    ``n_splits``). Either way the order is fixed by ``n_splits`` alone."""
+    if GROUP == 0:
+        if arrived_last(Tickets, tix, n_splits):
+            _merge_tile(Opart, Mpart, Lpart, Out, o_rows, first, step, n_splits, row_live,
+                        HEAD_DIM, BLOCK_D, SLOTS, CHUNK, COLS, STAGES, UPCAST, True)  # fmt: skip
+    else:
+        g0 = split // GROUP * GROUP
+        n_groups = (n_splits + GROUP - 1) // GROUP
+        if arrived_last(Tickets, tix + 1 + g0 // GROUP, tl.minimum(n_splits - g0, GROUP)):
+            if n_groups == 1:
+                _merge_tile(Opart, Mpart, Lpart, Out, o_rows, first, step, n_splits, row_live,
+                            HEAD_DIM, BLOCK_D, GROUP, CHUNK, COLS, STAGES, UPCAST,
+                            True)  # fmt: skip
+            else:
+                _merge_tile(Opart, Mpart, Lpart, Out, o_rows, first + g0 * step, step,
+                            tl.minimum(n_splits - g0, GROUP), row_live, HEAD_DIM, BLOCK_D,
+                            GROUP, CHUNK, COLS, STAGES, UPCAST, False)  # fmt: skip
+                if arrived_last(Tickets, tix, n_groups):
+                    _merge_tile(Opart, Mpart, Lpart, Out, o_rows, first, step * GROUP,
+                                n_groups, row_live, HEAD_DIM, BLOCK_D, SLOTS // GROUP, CHUNK,
+                                COLS, STAGES, UPCAST, True)  # fmt: skip
+
+
+@triton.jit
+def _merge_tile(Opart, Mpart, Lpart, Out, o_rows, first, step, count, row_live,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
                 CHUNK: tl.constexpr, COLS: tl.constexpr, STAGES: tl.constexpr,
-                UPCAST: tl.constexpr):  # fmt: skip
-    """A tile's ``n_splits`` partials (split ``s`` of row ``r`` at slot ``base[r] + s * step``)
-    merged in split order and written: the weights and their sum over ``SLOTS`` slots at once,
-    then, ``COLS`` output columns at a time, the weighted outputs ``CHUNK`` splits at a time (so
-    few registers stay live), through a loop of ``STAGES`` software-pipeline stages. Every load
-    bypasses the L1 (other programs wrote the partials): plain loads are ``.cg``; a pipelined
-    loop loads only the outputs (16-byte copies, L2 only) and picks a chunk's weights from the
-    registers (a sum of one weight and zeros, exact). A function of the row's split count only."""
-    base = (b.to(tl.int64) * slots + qi) * n_q_heads + head
+                UPCAST: tl.constexpr, TO_OUT: tl.constexpr):  # fmt: skip
+    """``count`` partials of a tile's rows (partial ``s`` of row ``r`` at slot ``first[r] + s *
+    step``) merged in order: the weights and their sum over ``SLOTS`` slots at once, then,
+    ``COLS`` output columns at a time, the weighted outputs ``CHUNK`` partials at a time (so few
+    registers stay live), through a loop of ``STAGES`` software-pipeline stages. ``TO_OUT``: the
+    output written; else the merged partial (its max, summed weights and weighted sum) stored
+    over the first partial's slot. Every load bypasses the L1 (other programs wrote the
+    partials): plain loads are ``.cg``; a pipelined loop loads only the outputs (16-byte
+    copies, L2 only) and picks a chunk's weights from the registers (a sum of one weight and
+    zeros, exact)."""
     s = tl.arange(0, SLOTS)
-    ok = (s[:, None] < n_splits) & row_live[None, :]
-    slot = base[None, :] + s[:, None].to(tl.int64) * step
+    ok = (s[:, None] < count) & row_live[None, :]
+    slot = first[None, :] + s[:, None].to(tl.int64) * step
     m = tl.load(Mpart + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
     m_all = tl.max(m, 0)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
@@ -359,10 +396,10 @@ def _merge_tile(Opart, Mpart, Lpart, Out, o_rows, b, qi, head, row_live, step, n
     for c0 in tl.static_range(0, BLOCK_D, COLS):
         d = c0 + tl.arange(0, COLS)
         d_ok = d < HEAD_DIM
-        acc = tl.zeros((base.shape[0], COLS), tl.float32)
-        for j in tl.range(0, n_splits, CHUNK, num_stages=STAGES):
-            c_ok = ((j + c)[:, None] < n_splits) & row_live[None, :]
-            c_slot = base[None, :] + (j + c)[:, None].to(tl.int64) * step
+        acc = tl.zeros((first.shape[0], COLS), tl.float32)
+        for j in tl.range(0, count, CHUNK, num_stages=STAGES):
+            c_ok = ((j + c)[:, None] < count) & row_live[None, :]
+            c_slot = first[None, :] + (j + c)[:, None].to(tl.int64) * step
             if STAGES == 1:
                 w = tl.exp2(tl.load(Mpart + c_slot, mask=c_ok, other=float("-inf"),
                                     cache_modifier=".cg") - m_safe[None, :])  # fmt: skip
@@ -373,7 +410,14 @@ def _merge_tile(Opart, Mpart, Lpart, Out, o_rows, b, qi, head, row_live, step, n
                         mask=c_ok[:, :, None] & d_ok[None, None, :], other=0.0,
                         cache_modifier=".cg")  # fmt: skip
             acc += tl.sum(w[:, :, None] * o, 0)
-        _store_out(Out, o_rows, acc, l_all, row_live, d, d_ok, UPCAST)
+        if TO_OUT:
+            _store_out(Out, o_rows, acc, l_all, row_live, d, d_ok, UPCAST)
+        else:
+            tl.store(Opart + first[:, None] * HEAD_DIM + d[None, :], acc,
+                     mask=row_live[:, None] & d_ok[None, :])  # fmt: skip
+    if not TO_OUT:
+        tl.store(Mpart + first, m_all, mask=row_live)
+        tl.store(Lpart + first, l_all, mask=row_live)
 
 
 @triton.jit
@@ -563,12 +607,17 @@ def launch_gqa_tiles(
     chunks = {**{key: cfg[key] for key in RULE_KEYS}, "DOUBLINGS": MAX_DOUBLINGS}
     merge = split and cfg["MERGE"]
     pdl = split and not merge and cfg["PDL"] and pdl_supported(q.device)
-    n_tickets = sum(n_tiles for *_, n_tiles in launches) * bsz * hkv
+    merge_plan = {}  # class -> (slots, group, tickets a tile)
+    for name, _, n_splits, _ in launches:
+        n_slots = triton.next_power_of_2(n_splits)
+        by = min(cfg[name].get("MERGE_GROUP", 0), n_slots)  # (a power of two, or 0: flat)
+        merge_plan[name] = (n_slots, by, 1 + (triton.cdiv(n_slots, by) if by else 0))
+    n_tickets = sum(n_tiles * merge_plan[name][2] for name, *_, n_tiles in launches) * bsz * hkv
     ticket_buf = tickets(q.device, n_tickets) if merge else cache_lens
     ticket_base = 0
     for name, row_class, n_splits, n_tiles in launches:
         tiles = cfg[name]
-        merge_slots = triton.next_power_of_2(n_splits)
+        merge_slots, merge_group, merge_tickets = merge_plan[name]
         descs = kv_descriptors(k_cache, v_cache, tiles["BLOCK_N"]) if tiles.get("TMA") else None
         k_desc, v_desc = descs or (k_cache, v_cache)
         gqa_tile_kernel[(n_tiles, n_splits, bsz * hkv)](
@@ -591,12 +640,13 @@ def launch_gqa_tiles(
             TMA=descs is not None, HAS_CHAIN=chain_lens is not None, MERGE=merge,
             MERGE_SLOTS=merge_slots, MERGE_CHUNK=min(tiles.get("MERGE_CHUNK", 1), merge_slots),
             MERGE_COLS=min(tiles.get("MERGE_COLS", block_d), block_d),
-            MERGE_STAGES=tiles.get("MERGE_STAGES", 1),
+            MERGE_STAGES=tiles.get("MERGE_STAGES", 1), MERGE_GROUP=merge_group,
+            MERGE_TICKETS=merge_tickets,
             **chunks,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
             **maxnreg_kwargs(tiles.get("MAXNREG")), enable_fp_fusion=True,
         )  # fmt: skip
-        ticket_base += n_tiles * bsz * hkv
+        ticket_base += n_tiles * bsz * hkv * merge_tickets
     if split and not merge:
         # one warp a program: its slot reduction stays within the warp (4 warps reduced across
         # warps through shared memory: tree calls 1.02-1.49x slower on an H100,
