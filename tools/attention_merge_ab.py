@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import partial
 from pathlib import Path
 
 sys.path[:0] = sorted(str(p) for p in Path(__file__).resolve().parent.parent.glob("packages/*/src"))
@@ -61,12 +60,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="L = 2k / 8k, B = 1 / 4 / 8 only")
     args = ap.parse_args()
 
-    import torch
-
     from flashrt_kernels.attention import bench
     from flashrt_kernels.attention.gqa_kernels import launch_gqa_tiles
-    from flashrt_kernels.attention.splits import workspace_numel
-    from flashrt_kernels.benchmarking import environment, floor_us, markdown_table, time_graph_us
+    from flashrt_kernels.benchmarking import environment, floor_us, markdown_table
 
     names = ["combine"] + [n for n in args.variants.split(",") if n != "combine"]
     rows = []
@@ -122,21 +118,11 @@ def main() -> None:
             del sets
     for scale in (0.25, 1.0, 2.0):
         sets, cl, ql, _, _, (bits, chains) = bench._step_sets(scale)
-        q_max, hq, hkv = sets[0][0].shape[1], sets[0][0].shape[2], sets[0][1].shape[2]
-        cap = sets[0][1].shape[1]
+        hq, hkv = sets[0][0].shape[2], sets[0][1].shape[2]
         row = {"case": f"replay step x{scale}", "heads": f"{hq}/{hkv}",
                "B": len(bench.STEP_QUERIES), "L": int(cl.float().mean())}  # fmt: skip
         for name in names:
-            cfg = VARIANTS[name]
-            numel = workspace_numel(len(bench.STEP_QUERIES), q_max, hq, hkv, bench.D, cap, cfg)
-            calls = []
-            for q, k, v, mask, out in sets:
-                ws = torch.empty(numel, device="cuda")
-                calls.append(partial(launch_gqa_tiles, q, k, v, out, cl, ql, q_starts=None,
-                                     cache_rows=None, q_max=q_max, split=True, workspace=ws,
-                                     scale=bench.D**-0.5, config=cfg,
-                                     **bench.step_masking("bits", mask, bits, chains)))  # fmt: skip
-            row[f"{name}_us"] = time_graph_us(calls)
+            row[f"{name}_us"] = bench.ours_step(sets, cl, ql, bits, chains, VARIANTS[name])
         emit(row)
         del sets
     cols = ["case", "heads", "B", "L", "sdpa_us", "floor_us"] + [f"{n}_us" for n in names]

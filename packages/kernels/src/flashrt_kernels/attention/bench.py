@@ -405,6 +405,21 @@ def step_masking(form: str, mask, bits, chains) -> dict:
     return {"mask": mask.view(torch.uint8), "mask_mode": 1}
 
 
+def ours_step(sets, cl, ql, bits, chains, config=None, form: str = "bits") -> float:
+    """Graph-timed microseconds of our launches over a ``_step_sets`` step under the geometry
+    ``config``, its mask in ``form`` (``step_masking``)."""
+    q_max, hq, hkv = sets[0][0].shape[1], sets[0][0].shape[2], sets[0][1].shape[2]
+    numel = workspace_numel(len(STEP_QUERIES), q_max, hq, hkv, D, sets[0][1].shape[1], config)
+    calls = []
+    for q, k, v, mask, out in sets:
+        ws = torch.empty(numel, device=DEVICE)
+        calls.append(partial(launch_gqa_tiles, q, k, v, out, cl, ql, q_starts=None,
+                             cache_rows=None, q_max=q_max, split=True, workspace=ws,
+                             scale=D**-0.5, config=config,
+                             **step_masking(form, mask, bits, chains)))  # fmt: skip
+    return time_graph_us(calls)
+
+
 @register_benchmark("attention_step_sweep", "attention",
                     "tile geometry at a replay step's shapes (frame rows beside tree rows)")  # fmt: skip
 def run_step_sweep(quick: bool = False) -> list[dict]:
@@ -415,18 +430,9 @@ def run_step_sweep(quick: bool = False) -> list[dict]:
     sweep = STEP_SWEEP[:3] if quick else STEP_SWEEP
     for scale in (0.25, 1.0) if quick else (0.25, 1.0, 2.0):
         sets, cl, ql, nbytes, flops, (bits, chains) = _step_sets(scale)
-        q_max, hq, hkv = sets[0][0].shape[1], sets[0][0].shape[2], sets[0][1].shape[2]
-        cap = sets[0][1].shape[1]
+        hq, hkv = sets[0][0].shape[2], sets[0][1].shape[2]
         for form, cfg in sweep:
-            numel = workspace_numel(len(STEP_QUERIES), q_max, hq, hkv, D, cap, cfg)
-            calls = []
-            for q, k, v, mask, out in sets:
-                ws = torch.empty(numel, device=DEVICE)
-                calls.append(partial(launch_gqa_tiles, q, k, v, out, cl, ql, q_starts=None,
-                                     cache_rows=None, q_max=q_max, split=True, workspace=ws,
-                                     scale=D**-0.5, config=cfg,
-                                     **step_masking(form, mask, bits, chains)))  # fmt: skip
-            t = time_graph_us(calls)
+            t = ours_step(sets, cl, ql, bits, chains, cfg, form)
             rows.append({**_sweep_row("replay step", f"{hq}/{hkv}", len(STEP_QUERIES),
                                       int(cl.float().mean()), cfg, t, floor_us(nbytes) / t,
                                       flops / t * 1e-6), "mask": form})  # fmt: skip
