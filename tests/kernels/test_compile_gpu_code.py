@@ -53,11 +53,14 @@ print("same:", strip(a) == strip(b))
 """
 
 
-def test_vision_register_cap_changes_no_instruction():
+def test_vision_register_cap_changes_no_instruction(tmp_path):
     """The segmented tiles' register cap depends on the batch's longest segment; it keeps a
     segment's bits independent of the batch only because it changes nothing but ptxas's
-    ``.maxnreg``: the PTX is otherwise identical."""
+    ``.maxnreg``: the PTX is otherwise identical. Both compile fresh (a Triton cache of its
+    own): a kernel cached from another checkout of the sources names that checkout's paths in
+    its debug lines."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
     res = subprocess.run([sys.executable, "-c", CAP_SCRIPT], capture_output=True, text=True,
                          env=env, timeout=600)  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
